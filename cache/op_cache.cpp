@@ -1,0 +1,255 @@
+#include <sac/cache/op_cache.h>
+
+#include <c10/core/TensorImpl.h>
+#include <c10/util/Exception.h>
+
+namespace sac {
+namespace {
+
+// Where the forward's and the recomputation's op sequences part ways, this is
+// the usual cause.
+constexpr const char* kMismatchHint =
+    "The recomputation must run the same ops as the forward: this happens when "
+    "the checkpointed function depends on state that changed between forward "
+    "and backward (a flag, a module's training mode, data-dependent control "
+    "flow). Make it deterministic, or checkpoint it without a policy.";
+
+at::Tensor detached_alias(const at::Tensor& t) {
+  if (!t.defined()) {
+    return t;
+  }
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  return at::Tensor(impl->shallow_copy_and_detach(
+      /*version_counter=*/impl->version_counter(),
+      /*allow_tensor_metadata_change=*/true));
+}
+
+// Calls `f` on each defined tensor in `value`, in order.
+template <class F>
+void for_each_tensor(const c10::IValue& value, F&& f) {
+  if (value.isTensor()) {
+    if (value.toTensor().defined()) {
+      f(value.toTensor());
+    }
+  } else if (value.isTensorList()) {
+    for (const at::Tensor& t : value.toTensorList()) {
+      if (t.defined()) {
+        f(t);
+      }
+    }
+  } else if (value.isList()) {
+    for (const c10::IValue& element : value.toListRef()) {
+      for_each_tensor(element, f);
+    }
+  }
+}
+
+c10::IValue with_detached_tensors(const c10::IValue& value) {
+  if (value.isTensor()) {
+    return detached_alias(value.toTensor());
+  }
+  if (value.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : value.toTensorList()) {
+      out.push_back(detached_alias(t));
+    }
+    return out;
+  }
+  if (value.isList()) {
+    auto list = value.toList();
+    c10::impl::GenericList out(list.elementType());
+    for (const c10::IValue& element : list) {
+      out.push_back(with_detached_tensors(element));
+    }
+    return out;
+  }
+  return value;
+}
+
+int64_t version_of(const at::Tensor& t) {
+  return static_cast<int64_t>(
+      t.unsafeGetTensorImpl()->version_counter().current_version());
+}
+
+}  // namespace
+
+void OpCache::append_recompute(const c10::OperatorHandle& op) {
+  calls_[op].emplace_back();
+}
+
+void OpCache::append_saved(const c10::OperatorHandle& op,
+                           c10::ArrayRef<c10::IValue> outputs,
+                           std::optional<GeneratorSnapshot> generator) {
+  Call call;
+  call.state = Call::State::Saved;
+  call.outputs.reserve(outputs.size());
+  for (const auto& output : outputs) {
+    call.outputs.push_back(with_detached_tensors(output));
+    for_each_tensor(call.outputs.back(), [&](const at::Tensor& t) {
+      call.versions.push_back(version_of(t));
+    });
+  }
+  call.generator = std::move(generator);
+  hold(call.outputs);
+  ++saved_calls_;
+  calls_[op].push_back(std::move(call));
+}
+
+void OpCache::watch_aliases(c10::ArrayRef<c10::IValue> outputs) {
+  if (storages_.empty()) {
+    return;
+  }
+  for (const auto& output : outputs) {
+    for_each_tensor(output, [&](const at::Tensor& t) {
+      if (!t.has_storage()) {
+        return;
+      }
+      auto it = storages_.find(t.storage().unsafeGetStorageImpl());
+      if (it != storages_.end()) {
+        const auto& counter = t.unsafeGetTensorImpl()->version_counter();
+        it->second.aliases.push_back({counter, counter.current_version()});
+      }
+    });
+  }
+}
+
+std::optional<std::pair<size_t, std::string>> OpCache::first_modified(
+    const Call& call) const {
+  std::optional<std::pair<size_t, std::string>> found;
+  size_t i = 0;
+  for (const auto& output : call.outputs) {
+    for_each_tensor(output, [&](const at::Tensor& t) {
+      const size_t index = i++;
+      if (found.has_value()) {
+        return;
+      }
+      const int64_t now = version_of(t);
+      if (now != call.versions[index]) {
+        found.emplace(index, c10::str("version ", call.versions[index],
+                                      " when cached, ", now, " now"));
+        return;
+      }
+      if (!t.has_storage()) {
+        return;
+      }
+      const auto& info = storages_.at(t.storage().unsafeGetStorageImpl());
+      for (const auto& alias : info.aliases) {
+        if (alias.counter.current_version() != alias.version) {
+          found.emplace(index, "through another tensor on its storage, such "
+                               "as the output of aten::_unsafe_view");
+          return;
+        }
+      }
+    });
+  }
+  return found;
+}
+
+void OpCache::demote_modified() {
+  for (auto& [op, calls] : calls_) {
+    for (auto& call : calls) {
+      if (call.state == Call::State::Saved && first_modified(call).has_value()) {
+        drop(call);
+        call.state = Call::State::Recompute;
+        ++demoted_calls_;
+        TORCH_WARN_ONCE(
+            "sac: the output of ", op.operator_name(), " was cached but then "
+            "modified in place later in the checkpointed forward, so it will "
+            "be recomputed instead (caching it would give wrong gradients). "
+            "LibTorch's C++ torch::nn::Linear does this on inputs of more than "
+            "2 dimensions (aten::mm, then the bias added in place); flatten "
+            "such inputs to 2-D so that it runs aten::addmm, and save that.");
+      }
+    }
+  }
+}
+
+const OpCache::Call& OpCache::find(const c10::OperatorHandle& op,
+                                   size_t call) const {
+  const auto it = calls_.find(op);
+  TORCH_CHECK(it != calls_.end(), "sac: ", op.operator_name(),
+              " ran during recomputation but never in the checkpointed "
+              "forward. ", kMismatchHint);
+  TORCH_CHECK(call < it->second.size(), "sac: ", op.operator_name(),
+              " ran at least ", call + 1,
+              " times during recomputation but only ", it->second.size(),
+              " times in the checkpointed forward. ", kMismatchHint);
+  return it->second[call];
+}
+
+bool OpCache::is_saved(const c10::OperatorHandle& op, size_t call) const {
+  return find(op, call).state != Call::State::Recompute;
+}
+
+OpCache::Served OpCache::take(const c10::OperatorHandle& op, size_t index,
+                              bool allow_mutation) {
+  Call& call = const_cast<Call&>(find(op, index));
+  TORCH_CHECK(call.state != Call::State::Served,
+              "sac: Trying to backward an extra time through a region "
+              "checkpointed with a selective policy: the outputs cached for ",
+              op.operator_name(), " (call ", index,
+              ") were already used by an earlier backward. Such a region can "
+              "be backwarded once; run its forward again before another "
+              "backward, or checkpoint it without a policy (full "
+              "recomputation allows retain_graph).");
+  TORCH_INTERNAL_ASSERT(call.state == Call::State::Saved);
+  if (!allow_mutation) {
+    const auto modified = first_modified(call);
+    TORCH_CHECK(!modified.has_value(), "sac: a tensor cached for ",
+                op.operator_name(), " (call ", index, ", tensor ",
+                modified->first, ") was modified in place after the "
+                "checkpointed forward (", modified->second, "), so it no "
+                "longer holds the op's output. Do not modify the region's "
+                "outputs in place before backward, stop saving ",
+                op.operator_name(),
+                ", or allow it with allow_cache_entry_mutation(true).");
+  }
+  Served served{std::move(call.outputs), std::move(call.generator)};
+  call.outputs.clear();
+  call.generator.reset();
+  call.state = Call::State::Served;
+  release(served.outputs);
+  --saved_calls_;
+  return served;
+}
+
+void OpCache::hold(const std::vector<c10::IValue>& outputs) {
+  for (const auto& output : outputs) {
+    for_each_tensor(output, [&](const at::Tensor& t) {
+      if (!t.has_storage()) {
+        return;
+      }
+      StorageInfo& info = storages_[t.storage().unsafeGetStorageImpl()];
+      if (info.refs++ == 0) {
+        info.nbytes = t.storage().nbytes();
+        bytes_ += info.nbytes;
+      }
+    });
+  }
+}
+
+void OpCache::release(const std::vector<c10::IValue>& outputs) {
+  for (const auto& output : outputs) {
+    for_each_tensor(output, [&](const at::Tensor& t) {
+      if (!t.has_storage()) {
+        return;
+      }
+      auto it = storages_.find(t.storage().unsafeGetStorageImpl());
+      TORCH_INTERNAL_ASSERT(it != storages_.end());
+      if (--it->second.refs == 0) {
+        bytes_ -= it->second.nbytes;
+        storages_.erase(it);
+      }
+    });
+  }
+}
+
+void OpCache::drop(Call& call) {
+  release(call.outputs);
+  call.outputs.clear();
+  call.versions.clear();
+  call.generator.reset();
+  --saved_calls_;
+}
+
+}  // namespace sac

@@ -1,0 +1,180 @@
+#include <sac/cache/selective_modes.h>
+
+#include <sac/policy/op_traits.h>
+
+#include <ATen/Context.h>
+#include <c10/util/Exception.h>
+
+#include <mutex>
+
+namespace sac {
+namespace {
+
+c10::ArrayRef<c10::IValue> arguments_on(const c10::OperatorHandle& op,
+                                        const torch::jit::Stack& stack) {
+  return torch::jit::last(stack, op.schema().arguments().size());
+}
+
+c10::ArrayRef<c10::IValue> outputs_on(const c10::OperatorHandle& op,
+                                      const torch::jit::Stack& stack) {
+  return torch::jit::last(stack, op.schema().returns().size());
+}
+
+// The generator a random op draws from: an explicit Generator argument, else
+// the default generator of the device of its first tensor output.
+std::optional<at::Generator> explicit_generator(c10::ArrayRef<c10::IValue> args) {
+  for (const auto& arg : args) {
+    if (arg.isGenerator()) {
+      return arg.toGenerator();
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<GeneratorSnapshot> snapshot_after(
+    std::optional<at::Generator> generator, c10::ArrayRef<c10::IValue> outputs) {
+  if (!generator.has_value()) {
+    for (const auto& output : outputs) {
+      if (output.isTensor() && output.toTensor().defined()) {
+        generator = at::globalContext().defaultGenerator(output.toTensor().device());
+        break;
+      }
+    }
+  }
+  if (!generator.has_value()) {
+    return std::nullopt;
+  }
+  std::lock_guard<std::mutex> lock(generator->mutex());
+  return GeneratorSnapshot{*generator, generator->clone()};
+}
+
+void restore(GeneratorSnapshot snapshot) {
+  const at::Tensor state = snapshot.state_after.get_state();
+  std::lock_guard<std::mutex> lock(snapshot.live.mutex());
+  snapshot.live.set_state(state);
+}
+
+}  // namespace
+
+// ---- CachingMode ------------------------------------------------------------
+
+CachingMode::CachingMode(Policy policy, std::shared_ptr<OpCache> cache)
+    : policy_(std::move(policy)), cache_(std::move(cache)) {}
+
+void CachingMode::enter() {
+  entries_.push_back(dispatch::push_interceptor(this));
+}
+
+void CachingMode::exit() {
+  TORCH_INTERNAL_ASSERT(!entries_.empty(), "sac: CachingMode exited more often than entered");
+  dispatch::pop_interceptor(entries_.back());
+  entries_.pop_back();
+  if (entries_.empty()) {
+    cache_->demote_modified();
+  }
+}
+
+void CachingMode::intercept(const c10::OperatorHandle& op,
+                            c10::DispatchKeySet below, torch::jit::Stack* stack) {
+  if (!policy::is_cacheable(op)) {
+    dispatch::run_op(op, below, stack);
+    cache_->watch_aliases(outputs_on(op, *stack));
+    return;
+  }
+  const auto args = arguments_on(op, *stack);
+  const bool save = is_save(policy_.decide({/*is_recompute=*/false}, op, args));
+  if (!save) {
+    dispatch::run_op(op, below, stack);
+    cache_->watch_aliases(outputs_on(op, *stack));
+    cache_->append_recompute(op);
+    return;
+  }
+  const bool random = policy::is_random(op);
+  std::optional<at::Generator> generator =
+      random ? explicit_generator(args) : std::nullopt;
+  dispatch::run_op(op, below, stack);
+  const auto outputs = outputs_on(op, *stack);
+  cache_->append_saved(op, outputs,
+                       random ? snapshot_after(std::move(generator), outputs)
+                              : std::nullopt);
+}
+
+// ---- CachedMode -------------------------------------------------------------
+
+CachedMode::CachedMode(Policy policy, std::shared_ptr<OpCache> cache,
+                       bool allow_cache_entry_mutation,
+                       RecomputeDecisions decisions)
+    : policy_(std::move(policy)),
+      cache_(std::move(cache)),
+      allow_cache_entry_mutation_(allow_cache_entry_mutation),
+      decisions_(decisions) {}
+
+void CachedMode::enter() {
+  if (entries_.empty()) {
+    next_call_.clear();
+  }
+  entries_.push_back(dispatch::push_interceptor(this));
+}
+
+void CachedMode::exit() {
+  TORCH_INTERNAL_ASSERT(!entries_.empty(), "sac: CachedMode exited more often than entered");
+  dispatch::pop_interceptor(entries_.back());
+  entries_.pop_back();
+}
+
+void CachedMode::intercept(const c10::OperatorHandle& op,
+                           c10::DispatchKeySet below, torch::jit::Stack* stack) {
+  if (!policy::is_cacheable(op)) {
+    dispatch::run_op(op, below, stack);
+    return;
+  }
+  const size_t call = next_call_[op]++;
+  const bool saved = cache_->is_saved(op, call);
+  if (decisions_ == RecomputeDecisions::AskPolicy) {
+    check_same_decision(op, call, saved, arguments_on(op, *stack));
+  }
+  if (!saved) {
+    dispatch::run_op(op, below, stack);
+    return;
+  }
+  OpCache::Served served = cache_->take(op, call, allow_cache_entry_mutation_);
+  torch::jit::drop(*stack, op.schema().arguments().size());
+  for (auto& output : served.outputs) {
+    stack->push_back(std::move(output));
+  }
+  if (served.generator.has_value()) {
+    restore(std::move(*served.generator));
+  }
+}
+
+void CachedMode::check_same_decision(const c10::OperatorHandle& op, size_t call,
+                                     bool saved_in_forward,
+                                     c10::ArrayRef<c10::IValue> args) const {
+  const CheckpointPolicy now = policy_.decide({/*is_recompute=*/true}, op, args);
+  TORCH_CHECK(is_save(now) == saved_in_forward, "sac: the policy decided ",
+              saved_in_forward ? "save" : "recompute", " for call ", call, " of ",
+              op.operator_name(), " in the forward but ", to_string(now),
+              " when asked again during recomputation. A policy asked again "
+              "(RecomputeDecisions::AskPolicy) must repeat its forward "
+              "decisions; a stateful policy must reset its state when it first "
+              "sees ctx.is_recompute. Or keep the default "
+              "RecomputeDecisions::ReplayForward, which replays the forward's "
+              "decisions without asking.");
+}
+
+// ---- Factory ----------------------------------------------------------------
+
+SelectiveCheckpointContexts create_selective_checkpoint_contexts(
+    const Policy& policy, bool allow_cache_entry_mutation,
+    RecomputeDecisions decisions) {
+  policy.prepare_interception();
+  // The caching mode watches these for in-place changes to cached values.
+  dispatch::intercept_ops(policy::hidden_alias_ops());
+  auto cache = std::make_shared<OpCache>();
+  return {std::make_shared<CachingMode>(policy, cache),
+          std::make_shared<CachedMode>(policy, cache, allow_cache_entry_mutation,
+                                       decisions),
+          cache};
+}
+
+}  // namespace sac

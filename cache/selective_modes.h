@@ -1,0 +1,104 @@
+// The caching mode (forward) and the cached mode (recomputation) of selective
+// activation checkpointing.
+//
+// Both are `RegionContext`s that, while entered, intercept the ops of their
+// thread below autograd (sac/dispatch/interceptor.h). For each cacheable op
+// call (sac/policy/op_traits.h):
+//   * the caching mode asks the policy, runs the op, and records the call in
+//     the shared `OpCache`: its outputs if the policy said save, else a
+//     recompute mark;
+//   * the cached mode replays the forward's record of the same call (same
+//     op, same call index): it serves saved outputs from the cache without
+//     running the op, and runs the op otherwise. Autograd above both modes
+//     runs as usual, so the tensors it saves during recomputation match the
+//     forward's in number and order.
+// Non-cacheable ops (views, in-place ops, the ops PyTorch ignores) always run
+// and are never recorded.
+//
+// Random ops: a saved random op draws nothing when it is served, so its
+// generator is set to the state it had right after the op in forward;
+// everything recomputed after it draws the forward's numbers.
+#pragma once
+
+#include <sac/cache/op_cache.h>
+#include <sac/checkpoint/context.h>
+#include <sac/dispatch/interceptor.h>
+#include <sac/policy/policy.h>
+
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+namespace sac {
+
+// How the cached mode decides about each op call.
+enum class RecomputeDecisions {
+  // Replay the forward's decision for the same call (default). A stateful
+  // policy (one that saves every other matmul, say) cannot make the two
+  // passes disagree.
+  ReplayForward,
+  // Ask the policy again with `is_recompute = true`, as older PyTorch did. A
+  // decision that differs from the forward's throws.
+  AskPolicy,
+};
+
+class CachingMode final : public RegionContext, private dispatch::OpInterceptor {
+ public:
+  CachingMode(Policy policy, std::shared_ptr<OpCache> cache);
+  void enter() override;
+  // Also demotes cached outputs the forward modified in place (see
+  // OpCache::demote_modified) when the outermost entry exits.
+  void exit() override;
+  const OpCache& cache() const { return *cache_; }
+
+ private:
+  void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
+                 torch::jit::Stack* stack) override;
+
+  Policy policy_;
+  std::shared_ptr<OpCache> cache_;
+  std::vector<dispatch::InterceptorToken> entries_;
+};
+
+class CachedMode final : public RegionContext, private dispatch::OpInterceptor {
+ public:
+  CachedMode(Policy policy, std::shared_ptr<OpCache> cache,
+             bool allow_cache_entry_mutation, RecomputeDecisions decisions);
+  // Each outermost entry starts a new replay from the first call.
+  void enter() override;
+  void exit() override;
+  const OpCache& cache() const { return *cache_; }
+
+ private:
+  void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
+                 torch::jit::Stack* stack) override;
+  void check_same_decision(const c10::OperatorHandle& op, size_t call,
+                           bool saved_in_forward,
+                           c10::ArrayRef<c10::IValue> args) const;
+
+  Policy policy_;
+  std::shared_ptr<OpCache> cache_;
+  bool allow_cache_entry_mutation_;
+  RecomputeDecisions decisions_;
+  std::unordered_map<c10::OperatorHandle, size_t> next_call_;
+  std::vector<dispatch::InterceptorToken> entries_;
+};
+
+// The two modes sharing one cache. Converts to the `RegionContexts` that a
+// `ContextFn` returns; each mode can also be entered on its own with a
+// `ContextScope`.
+struct SelectiveCheckpointContexts {
+  std::shared_ptr<CachingMode> caching;
+  std::shared_ptr<CachedMode> cached;
+  std::shared_ptr<OpCache> cache;
+
+  operator RegionContexts() const { return {caching, cached}; }
+};
+
+// PyTorch's create_selective_checkpoint_contexts. Also makes sure the ops the
+// policy may save are intercepted (per-op kernels are registered now).
+SelectiveCheckpointContexts create_selective_checkpoint_contexts(
+    const Policy& policy, bool allow_cache_entry_mutation = false,
+    RecomputeDecisions decisions = RecomputeDecisions::ReplayForward);
+
+}  // namespace sac

@@ -1,0 +1,79 @@
+#include <sac/checkpoint/checkpoint.h>
+
+#include <sac/checkpoint/frame.h>
+
+namespace sac::detail {
+namespace {
+
+RegionContexts contexts_for(const CheckpointOptions& options) {
+  const bool selective_options =
+      options.allow_cache_entry_mutation().has_value() ||
+      options.recompute_decisions().has_value();
+  if (options.policy().has_value()) {
+    TORCH_CHECK(!options.context_fn(),
+                "sac::checkpoint: both a policy and a context_fn were given. "
+                "A policy is short for a context_fn; pass one of them (put the "
+                "policy into create_selective_checkpoint_contexts inside your "
+                "context_fn to combine them).");
+    return create_selective_checkpoint_contexts(
+        *options.policy(), options.allow_cache_entry_mutation().value_or(false),
+        options.recompute_decisions().value_or(RecomputeDecisions::ReplayForward));
+  }
+  TORCH_CHECK(!selective_options,
+              "sac::checkpoint: allow_cache_entry_mutation and "
+              "recompute_decisions apply to selective checkpointing, but no "
+              "policy was given. Add .policy(...), or drop those options (with "
+              "a context_fn, pass them to create_selective_checkpoint_contexts).");
+  if (options.context_fn()) {
+    return options.context_fn()();
+  }
+  return {};
+}
+
+}  // namespace
+
+struct CheckpointedCall::Active {
+  std::shared_ptr<CheckpointFrame> frame;
+  // Declared in entry order; destroyed in reverse.
+  std::optional<SavedTensorHooksGuard> hooks;
+  std::optional<ContextScope> context;
+  std::optional<OpLogScope> log;
+};
+
+CheckpointedCall::CheckpointedCall(const CheckpointOptions& options,
+                                   const std::vector<at::Tensor>& inputs,
+                                   RecomputeFn recompute)
+    : active_(std::make_unique<Active>()) {
+  install_hooking_engine();
+  FrameConfig config;
+  config.early_stop = early_stop_override().value_or(options.early_stop());
+  config.debug = debug_override().value_or(options.debug());
+  config.debug_backtraces = options.debug_backtraces();
+  config.determinism_check =
+      options.determinism_check() == DeterminismCheck::Default;
+  auto frame = std::make_shared<CheckpointFrame>(
+      config, std::move(recompute), contexts_for(options),
+      ForwardState::capture(inputs, options.preserve_rng_state()));
+  frame->save_inputs(inputs);
+  active_->hooks.emplace(frame->forward_hooks());
+  active_->context.emplace(frame->forward_context());
+  if (config.debug) {
+    active_->log.emplace(frame->forward_log(), config.debug_backtraces);
+  }
+  active_->frame = std::move(frame);
+}
+
+CheckpointedCall::~CheckpointedCall() {
+  active_->log.reset();
+  active_->context.reset();
+  active_->hooks.reset();
+}
+
+void CheckpointedCall::forward_completed() {
+  active_->log.reset();
+  active_->context.reset();
+  active_->hooks.reset();
+  active_->frame->mark_forward_completed();
+}
+
+}  // namespace sac::detail

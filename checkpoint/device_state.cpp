@@ -1,0 +1,106 @@
+#include <sac/checkpoint/device_state.h>
+
+#include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
+
+#include <mutex>
+
+namespace sac::detail {
+namespace {
+
+at::Generator snapshot(at::Generator generator) {
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.clone();
+}
+
+void set_state(at::Generator live, const at::Generator& saved) {
+  // get_state() of the clone, not of the live generator: no lock order issue.
+  at::Tensor state = saved.get_state();
+  std::lock_guard<std::mutex> lock(live.mutex());
+  live.set_state(state);
+}
+
+// The accelerator type autocast is captured for: CUDA if any input is on it,
+// else the first non-CPU input's device type (PyTorch's _infer_device_type).
+std::optional<c10::DeviceType> accelerator_type(const std::vector<at::Tensor>& inputs) {
+  std::optional<c10::DeviceType> first;
+  for (const auto& t : inputs) {
+    if (!t.defined() || t.device().is_cpu()) {
+      continue;
+    }
+    if (t.device().is_cuda()) {
+      return c10::DeviceType::CUDA;
+    }
+    if (!first.has_value()) {
+      first = t.device().type();
+    }
+  }
+  return first;
+}
+
+}  // namespace
+
+ForwardState ForwardState::capture(const std::vector<at::Tensor>& inputs,
+                                   bool preserve_rng) {
+  ForwardState state;
+  std::vector<c10::DeviceType> autocast_types{c10::DeviceType::CPU};
+  if (auto accelerator = accelerator_type(inputs)) {
+    autocast_types.push_back(*accelerator);
+  }
+  for (const auto type : autocast_types) {
+    state.autocast_.push_back({type, at::autocast::is_autocast_enabled(type),
+                               at::autocast::get_autocast_dtype(type)});
+  }
+  state.autocast_cache_enabled_ = at::autocast::is_autocast_cache_enabled();
+
+  if (preserve_rng) {
+    std::vector<c10::Device> devices{c10::Device(c10::DeviceType::CPU)};
+    for (const auto& t : inputs) {
+      if (t.defined() && !t.device().is_cpu() && !t.device().is_meta()) {
+        const auto device = t.device();
+        if (std::find(devices.begin(), devices.end(), device) == devices.end()) {
+          devices.push_back(device);
+        }
+      }
+    }
+    for (const auto& device : devices) {
+      at::Generator live = at::globalContext().defaultGenerator(device);
+      state.generators_.emplace_back(live, snapshot(live));
+    }
+  }
+  return state;
+}
+
+ForwardState::Restore::Restore(const ForwardState& state)
+    : autocast_cache_enabled_(at::autocast::is_autocast_cache_enabled()) {
+  for (const auto& [live, saved] : state.generators_) {
+    generators_.emplace_back(live, snapshot(live));
+    set_state(live, saved);
+  }
+  for (const auto& forward : state.autocast_) {
+    autocast_.push_back({forward.device_type,
+                         at::autocast::is_autocast_enabled(forward.device_type),
+                         at::autocast::get_autocast_dtype(forward.device_type)});
+    at::autocast::set_autocast_enabled(forward.device_type, forward.enabled);
+    at::autocast::set_autocast_dtype(forward.device_type, forward.dtype);
+  }
+  at::autocast::set_autocast_cache_enabled(state.autocast_cache_enabled_);
+  at::autocast::increment_nesting();
+}
+
+ForwardState::Restore::~Restore() {
+  // As torch.autocast's exit: the cast cache lives until the outermost exit.
+  if (at::autocast::decrement_nesting() == 0) {
+    at::autocast::clear_cache();
+  }
+  at::autocast::set_autocast_cache_enabled(autocast_cache_enabled_);
+  for (auto it = autocast_.rbegin(); it != autocast_.rend(); ++it) {
+    at::autocast::set_autocast_enabled(it->device_type, it->enabled);
+    at::autocast::set_autocast_dtype(it->device_type, it->dtype);
+  }
+  for (const auto& [live, saved] : generators_) {
+    set_state(live, saved);
+  }
+}
+
+}  // namespace sac::detail

@@ -1,0 +1,265 @@
+#include <sac/checkpoint/frame.h>
+
+#include <sac/checkpoint/error.h>
+
+#include <ATen/core/grad_mode.h>
+#include <c10/util/irange.h>
+#include <torch/csrc/autograd/graph_task.h>
+
+#include <atomic>
+#include <optional>
+#include <sstream>
+
+namespace sac::detail {
+
+// Thrown by the recompute hooks once every holder is filled; caught by
+// recompute(). Deliberately not a std::exception, so that user code catching
+// std::exception inside the checkpointed function does not swallow it.
+struct StopRecomputation {};
+
+// One tensor saved in forward: what it is replaced with in the graph.
+struct Holder {
+  struct Slot {
+    at::Tensor value;
+    bool unpacked = false;
+  };
+  // Per backward pass (graph task id): the recomputed tensor.
+  std::unordered_map<int64_t, Slot> recomputed;
+};
+
+namespace {
+
+constexpr const char* kDebugTip =
+    "Tip: for a more detailed error, pass .debug(true) in the checkpoint's "
+    "options (or create a sac::DebugGuard(true)) to log the ops of the forward "
+    "and of the recomputation.";
+
+class ForwardHooks final : public torch::autograd::SavedVariableHooks {
+ public:
+  explicit ForwardHooks(std::shared_ptr<CheckpointFrame> frame)
+      : frame_(std::move(frame)) {}
+  void call_pack_hook(const at::Tensor& tensor) override {
+    holder_ = frame_->add_holder(tensor);
+  }
+  at::Tensor call_unpack_hook() override { return frame_->unpack(*holder_); }
+
+ private:
+  std::shared_ptr<CheckpointFrame> frame_;
+  std::shared_ptr<Holder> holder_;
+};
+
+class RecomputeHooks final : public torch::autograd::SavedVariableHooks {
+ public:
+  RecomputeHooks(std::weak_ptr<CheckpointFrame> frame, int64_t graph_task)
+      : frame_(std::move(frame)), graph_task_(graph_task) {}
+  void call_pack_hook(const at::Tensor& tensor) override {
+    value_ = tensor.requires_grad() ? tensor.detach() : tensor;
+    auto frame = frame_.lock();
+    TORCH_INTERNAL_ASSERT(frame, "sac: checkpoint frame freed during its recomputation");
+    frame->save_recomputed(graph_task_, value_);
+  }
+  // A graph built during recomputation is only backwarded through by a
+  // backward inside the checkpointed function; it sees the tensor as saved.
+  at::Tensor call_unpack_hook() override { return value_; }
+
+ private:
+  std::weak_ptr<CheckpointFrame> frame_;
+  int64_t graph_task_;
+  at::Tensor value_;
+};
+
+// Unpacks outside any backward pass get an id of their own each (PyTorch uses
+// a fresh uuid), so each recomputes.
+int64_t current_graph_task() {
+  static std::atomic<int64_t> next_temporary{-2};
+  const int64_t id = torch::autograd::get_current_graph_task_id();
+  return id == -1 ? next_temporary.fetch_sub(1) : id;
+}
+
+}  // namespace
+
+std::string CheckpointFrame::TensorMetadata::str() const {
+  std::ostringstream out;
+  out << "{shape: " << c10::IntArrayRef(sizes) << ", dtype: " << dtype
+      << ", device: " << device << "}";
+  return out.str();
+}
+
+CheckpointFrame::CheckpointFrame(FrameConfig config, RecomputeFn recompute_fn,
+                                 RegionContexts contexts,
+                                 ForwardState forward_state)
+    : config_(config),
+      recompute_fn_(std::move(recompute_fn)),
+      contexts_(std::move(contexts)),
+      forward_state_(std::move(forward_state)) {}
+
+void CheckpointFrame::save_inputs(const std::vector<at::Tensor>& inputs) {
+  saved_inputs_.reserve(inputs.size());
+  for (const auto& input : inputs) {
+    saved_inputs_.emplace_back(input, /*is_output=*/false);
+  }
+}
+
+SavedTensorHooksFactory CheckpointFrame::forward_hooks() {
+  return [frame = shared_from_this()] {
+    return std::make_unique<ForwardHooks>(frame);
+  };
+}
+
+std::shared_ptr<Holder> CheckpointFrame::add_holder(const at::Tensor& packed) {
+  auto holder = std::make_shared<Holder>();
+  holders_.push_back(holder);
+  if (config_.determinism_check) {
+    metadata_.push_back({packed.sizes().vec(), packed.scalar_type(), packed.device()});
+  }
+  return holder;
+}
+
+at::Tensor CheckpointFrame::unpack(Holder& holder) {
+  if (!config_.debug) {
+    return unpack_unchecked(holder);
+  }
+  try {
+    return unpack_unchecked(holder);
+  } catch (const CheckpointError& error) {
+    rethrow_with_logs(error);
+  }
+}
+
+at::Tensor CheckpointFrame::unpack_unchecked(Holder& holder) {
+  const int64_t graph_task = current_graph_task();
+  if (!passes_[graph_task].recomputed) {
+    recompute(graph_task);
+    passes_[graph_task].recomputed = true;
+    check_recomputed_tensors_match(graph_task);
+  }
+  auto slot = holder.recomputed.find(graph_task);
+  TORCH_INTERNAL_ASSERT(slot != holder.recomputed.end(),
+                        "sac: a saved tensor was not recomputed");
+  SAC_CHECKPOINT_CHECK(
+      !slot->second.unpacked,
+      "sac::checkpoint: a saved tensor is being unpacked a second time in the "
+      "same backward pass. A custom autograd function must read its saved "
+      "tensors once per backward (call ctx->get_saved_variables() once).");
+  slot->second.unpacked = true;
+  return std::move(slot->second.value);
+}
+
+void CheckpointFrame::recompute(int64_t graph_task) {
+  std::vector<at::Tensor> inputs;
+  inputs.reserve(saved_inputs_.size());
+  for (const auto& saved : saved_inputs_) {
+    inputs.push_back(saved.unpack());
+  }
+  SavedTensorHooksGuard hooks(
+      [frame = weak_from_this(), graph_task] {
+        return std::make_unique<RecomputeHooks>(frame, graph_task);
+      });
+  at::AutoGradMode enable_grad(true);
+  ForwardState::Restore forward_state(forward_state_);
+  ContextScope context(contexts_.recompute.get());
+  std::optional<OpLogScope> log;
+  if (config_.debug) {
+    recompute_log_.clear();
+    log.emplace(recompute_log_, config_.debug_backtraces);
+  }
+  try {
+    recompute_fn_(inputs);
+  } catch (const StopRecomputation&) {
+  }
+}
+
+void CheckpointFrame::save_recomputed(int64_t graph_task, const at::Tensor& value) {
+  PassState& pass = passes_[graph_task];
+  const size_t index = pass.saved++;
+  if (index >= holders_.size()) {
+    TORCH_INTERNAL_ASSERT(!config_.early_stop);
+    if (!forward_completed_) {
+      // A backward inside the checkpointed function, without early stop:
+      // the recomputation runs past the part of the forward done so far.
+      ignore_saved_mismatch_ = true;
+      return;
+    }
+    SAC_CHECKPOINT_CHECK(false,
+                         "sac::checkpoint: trying to save more tensors during "
+                         "recomputation than during the original forward pass "
+                         "(", holders_.size(), " in forward). The checkpointed "
+                         "function ran different ops when recomputed. ",
+                         kDebugTip);
+  }
+  if (auto holder = holders_[index].lock()) {
+    // A holder freed by a backward inside the forward needs nothing.
+    auto& slot = holder->recomputed[graph_task];
+    TORCH_INTERNAL_ASSERT(!slot.value.defined());
+    slot = {value, false};
+  }
+  if (config_.early_stop && pass.saved == holders_.size()) {
+    throw StopRecomputation{};
+  }
+}
+
+void CheckpointFrame::check_recomputed_tensors_match(int64_t graph_task) {
+  if (ignore_saved_mismatch_) {
+    return;
+  }
+  const size_t saved = passes_[graph_task].saved;
+  SAC_CHECKPOINT_CHECK(
+      saved == holders_.size(),
+      "sac::checkpoint: a different number of tensors was saved during the "
+      "original forward and recomputation.\nNumber of tensors saved during "
+      "forward: ", holders_.size(),
+      "\nNumber of tensors saved during recomputation: ", saved,
+      ".\nThe checkpointed function ran different ops when recomputed: it "
+      "depends on state that changed between forward and backward. ",
+      kDebugTip);
+  if (!config_.determinism_check) {
+    return;
+  }
+  std::string mismatches;
+  for (const auto index : c10::irange(holders_.size())) {
+    auto holder = holders_[index].lock();
+    if (!holder) {
+      continue;
+    }
+    const auto slot = holder->recomputed.find(graph_task);
+    TORCH_INTERNAL_ASSERT(slot != holder->recomputed.end());
+    const at::Tensor& t = slot->second.value;
+    const TensorMetadata recomputed{t.sizes().vec(), t.scalar_type(), t.device()};
+    if (!(recomputed == metadata_[index])) {
+      mismatches += "tensor at position " + std::to_string(index) +
+                    ":\nsaved metadata: " + metadata_[index].str() +
+                    "\nrecomputed metadata: " + recomputed.str() + "\n";
+    }
+  }
+  SAC_CHECKPOINT_CHECK(
+      mismatches.empty(),
+      "sac::checkpoint: recomputed values for the following tensors have "
+      "different metadata than during the forward pass.\n", mismatches,
+      "The checkpointed function is not deterministic in shapes, dtypes or "
+      "devices. ", kDebugTip,
+      " Turn the check off with .determinism_check(sac::DeterminismCheck::None) "
+      "only if the difference is intended.");
+}
+
+void CheckpointFrame::rethrow_with_logs(const c10::Error& error) const {
+  throw CheckpointError(
+      {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+      c10::str(
+          error.what_without_backtrace(),
+          "\n\nsac::checkpoint debug mode: the ops of the original forward and "
+          "of the recomputation follow. Find where they part ways.\n",
+          config_.debug_backtraces
+              ? "\n== 1. Backtraces of the ops of the original forward ==\n" +
+                    forward_log_.traces("original") +
+                    "\n== 2. Backtraces of the ops of the recomputation ==\n" +
+                    recompute_log_.traces("recompute")
+              : std::string(),
+          "\n== Ops executed during the original forward (",
+          forward_log_.entries().size(), ") ==\n", forward_log_.ops(),
+          "\n== Ops executed during recomputation (",
+          recompute_log_.entries().size(), ") ==\n", recompute_log_.ops(),
+          "\nDifferences in detach calls between the two are expected: "
+          "checkpointing itself adds them."));
+}
+
+}  // namespace sac::detail

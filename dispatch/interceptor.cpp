@@ -1,0 +1,365 @@
+#include <sac/dispatch/interceptor.h>
+
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/Exception.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+namespace sac::dispatch {
+namespace {
+
+constexpr c10::DispatchKey kFallbackKey = c10::DispatchKey::Fake;
+constexpr c10::DispatchKey kPerOpKey = c10::DispatchKey::ADInplaceOrView;
+
+thread_local OpInterceptor* tls_interceptor = nullptr;
+
+// Set once sac's own fallback is registered on kFallbackKey.
+std::atomic<bool> our_fallback_registered{false};
+
+// Hides the active interceptor (and the fallback key) while it handles an op,
+// so that the ops it runs are not intercepted again.
+class SuspendInterception {
+ public:
+  SuspendInterception()
+      : saved_(std::exchange(tls_interceptor, nullptr)),
+        fallback_key_included_(
+            c10::impl::tls_is_dispatch_key_included(kFallbackKey)) {
+    if (fallback_key_included_) {
+      c10::impl::tls_set_dispatch_key_included(kFallbackKey, false);
+    }
+  }
+  ~SuspendInterception() {
+    tls_interceptor = saved_;
+    if (fallback_key_included_) {
+      c10::impl::tls_set_dispatch_key_included(kFallbackKey, true);
+    }
+  }
+  SuspendInterception(const SuspendInterception&) = delete;
+  SuspendInterception& operator=(const SuspendInterception&) = delete;
+
+ private:
+  OpInterceptor* saved_;
+  bool fallback_key_included_;
+};
+
+// The one boxed kernel, placed at `Key` by either mechanism.
+template <c10::DispatchKey Key>
+void intercepting_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
+                         torch::jit::Stack* stack) {
+  const c10::DispatchKeySet below =
+      ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, Key);
+  OpInterceptor* interceptor = tls_interceptor;
+  if (interceptor == nullptr) {
+    op.redispatchBoxed(below, stack);
+    return;
+  }
+  SuspendInterception suspend;
+  interceptor->intercept(op, below, stack);
+}
+
+using OpFilter = std::function<bool(const c10::OperatorHandle&)>;
+
+// Remembers ops defined after a filter was installed; they are registered
+// at the next interceptor activation, because the dispatcher calls listeners
+// under the lock that registerImpl takes.
+class NewOpListener final : public c10::OpRegistrationListener {
+ public:
+  explicit NewOpListener(std::function<void(c10::OperatorName)> on_new)
+      : on_new_(std::move(on_new)) {}
+  void onOperatorRegistered(const c10::OperatorHandle& op) override {
+    on_new_(op.operator_name());
+  }
+  void onOperatorDeregistered(const c10::OperatorHandle&) override {}
+
+ private:
+  std::function<void(c10::OperatorName)> on_new_;
+};
+
+// Process-wide state. Leaked on purpose: the dispatcher may outlive any
+// static destructor order we could choose.
+class Registry {
+ public:
+  static Registry& get() {
+    static Registry* registry = new Registry();
+    return *registry;
+  }
+
+  Mechanism resolve() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return resolve_locked();
+  }
+
+  void set(std::optional<Mechanism> requested) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const Mechanism wanted =
+        requested.has_value() ? *requested : automatic_locked();
+    if (in_use_) {
+      TORCH_CHECK(!mechanism_.has_value() || *mechanism_ == wanted,
+                  "sac: cannot switch the dispatch mechanism to ",
+                  to_string(wanted), ": ", to_string(*mechanism_),
+                  " is already in use in this process. Choose the mechanism "
+                  "before the first checkpoint (sac::dispatch::set_mechanism or "
+                  "SAC_DISPATCH=per_op|fallback|auto).");
+      return;
+    }
+    mechanism_.reset();
+    adopt_locked(wanted, requested.has_value() ? "set_mechanism" : "auto");
+  }
+
+  void intercept(c10::ArrayRef<c10::OperatorHandle> ops) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    in_use_ = true;
+    if (resolve_locked() != Mechanism::PerOpKernels) {
+      return;
+    }
+    for (const auto& op : ops) {
+      register_kernel_locked(op);
+    }
+  }
+
+  void intercept_matching(OpFilter filter) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    in_use_ = true;
+    if (resolve_locked() != Mechanism::PerOpKernels) {
+      return;
+    }
+    filters_.push_back(std::move(filter));
+    if (!listener_.has_value()) {
+      // The dispatcher replays every existing op to a new listener: the
+      // first batch of pending ops is the whole op table.
+      lock.unlock();
+      auto handle = c10::Dispatcher::singleton().addRegistrationListener(
+          std::make_unique<NewOpListener>(
+              [this](c10::OperatorName name) { note_new_op(std::move(name)); }));
+      lock.lock();
+      listener_.emplace(std::move(handle));
+    } else {
+      // Existing ops must be checked against the new filter too.
+      for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
+        pending_.push_back(name);
+      }
+    }
+    register_pending_locked();
+  }
+
+  void on_activation() {
+    if (has_pending_.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      register_pending_locked();
+    }
+  }
+
+  Mechanism activate() {
+    // Fast path: the mechanism is fixed after the first activation.
+    if (activated_.load(std::memory_order_acquire)) {
+      on_activation();
+      return *mechanism_;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    in_use_ = true;
+    const Mechanism m = resolve_locked();
+    activated_.store(true, std::memory_order_release);
+    register_pending_locked();
+    return m;
+  }
+
+ private:
+  Registry() = default;
+
+  Mechanism automatic_locked() const {
+    return fallback_key_available(nullptr) ? Mechanism::FallbackKey
+                                           : Mechanism::PerOpKernels;
+  }
+
+  Mechanism resolve_locked() {
+    if (mechanism_.has_value()) {
+      return *mechanism_;
+    }
+    const char* env = std::getenv("SAC_DISPATCH");
+    const std::string value = env == nullptr ? "auto" : env;
+    if (value == "per_op") {
+      adopt_locked(Mechanism::PerOpKernels, "SAC_DISPATCH=per_op");
+    } else if (value == "fallback") {
+      adopt_locked(Mechanism::FallbackKey, "SAC_DISPATCH=fallback");
+    } else if (value == "auto" || value.empty()) {
+      adopt_locked(automatic_locked(), "auto");
+    } else {
+      TORCH_CHECK(false, "sac: SAC_DISPATCH='", value,
+                  "' is not a dispatch mechanism. Use per_op (a kernel on "
+                  "ADInplaceOrView for each needed op), fallback (one fallback "
+                  "on the Fake key) or auto.");
+    }
+    return *mechanism_;
+  }
+
+  void adopt_locked(Mechanism m, const char* requested_by) {
+    if (m == Mechanism::FallbackKey && !fallback_.has_value()) {
+      std::string reason;
+      TORCH_CHECK(fallback_key_available(&reason), "sac: ", requested_by,
+                  " asks for the fallback-key dispatch mechanism, but ", reason,
+                  ". Use the per-op mechanism instead (SAC_DISPATCH=per_op).");
+      fallback_.emplace(c10::Dispatcher::singleton().registerFallback(
+          kFallbackKey,
+          c10::KernelFunction::makeFromBoxedFunction<
+              &intercepting_kernel<kFallbackKey>>(),
+          "sac: selective activation checkpointing (fallback below autograd)"));
+      our_fallback_registered.store(true);
+    }
+    mechanism_ = m;
+  }
+
+  void note_new_op(c10::OperatorName name) {
+    // Called by the dispatcher, possibly while this registry's mutex is held
+    // by intercept_matching (which unlocks before adding the listener), so it
+    // takes its own lock.
+    std::lock_guard<std::mutex> lock(pending_mutex_);
+    incoming_.push_back(std::move(name));
+    has_pending_.store(true, std::memory_order_release);
+  }
+
+  void register_pending_locked() {
+    {
+      std::lock_guard<std::mutex> lock(pending_mutex_);
+      for (auto& name : incoming_) {
+        pending_.push_back(std::move(name));
+      }
+      incoming_.clear();
+      has_pending_.store(false, std::memory_order_release);
+    }
+    auto& dispatcher = c10::Dispatcher::singleton();
+    for (const auto& name : pending_) {
+      if (kernels_.count(name) != 0) {
+        continue;
+      }
+      auto op = dispatcher.findSchema(name);
+      if (!op.has_value()) {
+        continue;
+      }
+      // Ops with LibTorch's own ADInplaceOrView kernel stay out of reach.
+      if (op->hasKernelForDispatchKey(kPerOpKey)) {
+        continue;
+      }
+      for (const auto& filter : filters_) {
+        if (filter(*op)) {
+          register_kernel_locked(*op);
+          break;
+        }
+      }
+    }
+    pending_.clear();
+  }
+
+  void register_kernel_locked(const c10::OperatorHandle& op) {
+    const auto& name = op.operator_name();
+    if (kernels_.count(name) != 0) {
+      return;
+    }
+    TORCH_CHECK(!op.hasKernelForDispatchKey(kPerOpKey), "sac: cannot intercept ",
+                name, ": LibTorch registers its own ADInplaceOrView kernel for "
+                "it (it is a view, in-place or out= op), and sac never replaces "
+                "a LibTorch kernel. Such ops are always recomputed.");
+    kernels_.emplace(
+        name,
+        c10::Dispatcher::singleton().registerImpl(
+            name, kPerOpKey,
+            c10::KernelFunction::makeFromBoxedFunction<
+                &intercepting_kernel<kPerOpKey>>(),
+            std::nullopt, nullptr,
+            "sac: selective activation checkpointing (per-op kernel below "
+            "autograd)"));
+  }
+
+  std::mutex mutex_;
+  std::optional<Mechanism> mechanism_;
+  bool in_use_ = false;
+  std::atomic<bool> activated_{false};
+  std::optional<c10::RegistrationHandleRAII> fallback_;
+  std::unordered_map<c10::OperatorName, c10::RegistrationHandleRAII> kernels_;
+  std::vector<OpFilter> filters_;
+  std::optional<c10::RegistrationHandleRAII> listener_;
+  std::vector<c10::OperatorName> pending_;
+
+  std::mutex pending_mutex_;
+  std::vector<c10::OperatorName> incoming_;
+  std::atomic<bool> has_pending_{false};
+};
+
+}  // namespace
+
+std::string_view to_string(Mechanism mechanism) {
+  switch (mechanism) {
+    case Mechanism::PerOpKernels:
+      return "per-op kernels on ADInplaceOrView";
+    case Mechanism::FallbackKey:
+      return "fallback on the Fake key";
+  }
+  return "unknown";
+}
+
+void set_mechanism(std::optional<Mechanism> mechanism) {
+  Registry::get().set(mechanism);
+}
+
+Mechanism mechanism() { return Registry::get().resolve(); }
+
+bool fallback_key_available(std::string* reason) {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  // Our own fallback, once registered, does not make the key unavailable.
+  if (our_fallback_registered.load()) {
+    return true;
+  }
+  if (dispatcher.hasBackendFallbackForDispatchKey(kFallbackKey)) {
+    if (reason != nullptr) {
+      *reason = "LibTorch (or another library) already registers a fallback "
+                "on DispatchKey::Fake";
+    }
+    return false;
+  }
+  const auto ops = dispatcher.getAllOpNamesForDispatchKey(kFallbackKey);
+  if (!ops.empty()) {
+    if (reason != nullptr) {
+      *reason = "operators such as " + c10::toString(ops.front()) +
+                " have kernels on DispatchKey::Fake, which a fallback there "
+                "would not see";
+    }
+    return false;
+  }
+  return true;
+}
+
+void intercept_ops(c10::ArrayRef<c10::OperatorHandle> ops) {
+  Registry::get().intercept(ops);
+}
+
+void intercept_ops_matching(
+    std::function<bool(const c10::OperatorHandle&)> filter) {
+  Registry::get().intercept_matching(std::move(filter));
+}
+
+InterceptorToken push_interceptor(OpInterceptor* interceptor) {
+  const Mechanism m = Registry::get().activate();
+  InterceptorToken token;
+  token.previous = std::exchange(tls_interceptor, interceptor);
+  token.fallback_key_was_included =
+      c10::impl::tls_is_dispatch_key_included(kFallbackKey);
+  if (m == Mechanism::FallbackKey) {
+    c10::impl::tls_set_dispatch_key_included(kFallbackKey,
+                                             interceptor != nullptr);
+  }
+  return token;
+}
+
+void pop_interceptor(const InterceptorToken& token) {
+  tls_interceptor = token.previous;
+  c10::impl::tls_set_dispatch_key_included(kFallbackKey,
+                                           token.fallback_key_was_included);
+}
+
+OpInterceptor* active_interceptor() { return tls_interceptor; }
+
+}  // namespace sac::dispatch

@@ -1,0 +1,127 @@
+// Interception of aten ops below autograd.
+//
+// sac's modes must see each op *below* the Autograd and ADInplaceOrView keys:
+// when a recomputed op is served from the cache, autograd above it still runs
+// and saves the same tensors, in the same order, as in the forward. This file
+// is the only place that knows how sac hooks into the c10 dispatcher. It knows
+// nothing of policies or caches: an `OpInterceptor` receives an op with its
+// boxed arguments and leaves the op's outputs on the stack.
+//
+// Two mechanisms place the same boxed kernel at that level:
+//
+//   * `Mechanism::PerOpKernels` registers a kernel on `ADInplaceOrView` for
+//     each op an interceptor needs. ADInplaceOrView is a fallthrough for
+//     functional ops, so the kernel sits right below autograd. It works on
+//     every LibTorch; ops that core already gives an ADInplaceOrView kernel
+//     (views, in-place and out= ops) can never be intercepted this way.
+//   * `Mechanism::FallbackKey` registers one boxed fallback on the
+//     out-of-core `Fake` functionality key, which sits below autograd and which
+//     LibTorch 2.13 leaves unused. Every op dispatched on a thread with an
+//     active interceptor reaches it.
+//
+// The mechanism is chosen once per process, on first use: `set_mechanism`, else
+// the environment variable `SAC_DISPATCH` (`per_op`, `fallback` or `auto`),
+// else `auto` (the fallback key when it is free, per-op kernels otherwise).
+// sac never replaces or shadows a kernel LibTorch registered: where that would
+// be needed, it throws instead.
+//
+// While an interceptor runs, interception is suspended on its thread: ops the
+// interceptor (or the real kernel it redispatches to) calls are not
+// intercepted again. With no interceptor active on a thread, an intercepting
+// kernel costs one thread-local load and a redispatch.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/DispatchKeySet.h>
+
+#include <functional>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+namespace sac::dispatch {
+
+// How intercepting kernels are placed in the dispatcher.
+enum class Mechanism {
+  PerOpKernels,  // a kernel on ADInplaceOrView for each op that is needed
+  FallbackKey,   // one boxed fallback on DispatchKey::Fake
+};
+
+std::string_view to_string(Mechanism mechanism);
+
+// Selects the mechanism for this process. `std::nullopt` means automatic.
+// Throws if a different mechanism is already in use (interception happened),
+// or if `FallbackKey` is asked for but the key is taken.
+void set_mechanism(std::optional<Mechanism> mechanism);
+
+// The mechanism in use, choosing it (from `SAC_DISPATCH`, else automatically)
+// if nothing has been intercepted yet. Throws on a bad `SAC_DISPATCH` value or
+// if the requested mechanism is unavailable.
+Mechanism mechanism();
+
+// Whether the `Fake` key is free for sac's fallback in this process: no
+// fallback and no per-op kernel registered on it by anyone else. When it is
+// not, `reason` (if given) says why.
+bool fallback_key_available(std::string* reason = nullptr);
+
+// Receives the ops intercepted on a thread while it is active.
+class OpInterceptor {
+ public:
+  virtual ~OpInterceptor() = default;
+
+  // `stack` holds the op's arguments; on return it must hold its outputs.
+  // `below` is the key set that computes the op the ordinary way: pass it to
+  // `run_op`.
+  virtual void intercept(const c10::OperatorHandle& op,
+                         c10::DispatchKeySet below,
+                         torch::jit::Stack* stack) = 0;
+};
+
+// Runs `op` on `stack` with the kernels below the interception point.
+inline void run_op(const c10::OperatorHandle& op, c10::DispatchKeySet below,
+                   torch::jit::Stack* stack) {
+  op.redispatchBoxed(below, stack);
+}
+
+// With `PerOpKernels`, registers intercepting kernels for `ops` (once per op,
+// kept for the life of the process). With `FallbackKey`, does nothing: every
+// op is seen. Throws, naming the op, if an op cannot be intercepted (core has
+// its own ADInplaceOrView kernel for it).
+void intercept_ops(c10::ArrayRef<c10::OperatorHandle> ops);
+
+// Like `intercept_ops` for every registered op that satisfies `filter`, and
+// for every op registered later that does (they are picked up when an
+// interceptor is next activated). `filter` must be callable from any thread
+// and must select only ops without an ADInplaceOrView kernel.
+void intercept_ops_matching(std::function<bool(const c10::OperatorHandle&)> filter);
+
+// What `push_interceptor` replaced; give it back to `pop_interceptor`.
+struct InterceptorToken {
+  OpInterceptor* previous = nullptr;
+  bool fallback_key_was_included = false;
+};
+
+// Makes `interceptor` the active one on this thread (it replaces, and hides,
+// the previous one until popped). Prefer `InterceptorGuard`; this pair exists
+// for contexts whose entry and exit are separate calls.
+InterceptorToken push_interceptor(OpInterceptor* interceptor);
+void pop_interceptor(const InterceptorToken& token);
+
+// The interceptor active on this thread, or nullptr.
+OpInterceptor* active_interceptor();
+
+// RAII form of push_interceptor / pop_interceptor.
+class InterceptorGuard {
+ public:
+  explicit InterceptorGuard(OpInterceptor* interceptor)
+      : token_(push_interceptor(interceptor)) {}
+  ~InterceptorGuard() { pop_interceptor(token_); }
+  InterceptorGuard(const InterceptorGuard&) = delete;
+  InterceptorGuard& operator=(const InterceptorGuard&) = delete;
+
+ private:
+  InterceptorToken token_;
+};
+
+}  // namespace sac::dispatch

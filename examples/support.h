@@ -1,0 +1,120 @@
+// Models and an exact CPU memory counter, shared by the demo and the tests.
+#pragma once
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
+#include <torch/torch.h>
+
+#include <atomic>
+
+namespace sac_examples {
+
+struct MlpImpl : torch::nn::Module {
+  MlpImpl(int64_t in, int64_t hidden, int64_t out, int64_t depth) {
+    for (int64_t i = 0; i < depth; ++i) {
+      layers->push_back(torch::nn::Linear(i == 0 ? in : hidden, i + 1 == depth ? out : hidden));
+    }
+    register_module("layers", layers);
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = x;
+    for (size_t i = 0; i < layers->size(); ++i) {
+      h = layers[i]->as<torch::nn::Linear>()->forward(h);
+      if (i + 1 < layers->size()) {
+        h = torch::relu(h);
+      }
+    }
+    return h;
+  }
+  torch::nn::ModuleList layers;
+};
+TORCH_MODULE(Mlp);
+
+// A GPT-2 style block: pre-layer-norm causal self-attention (SDPA) and a GELU
+// MLP, with dropout and residual adds.
+struct GptBlockImpl : torch::nn::Module {
+  GptBlockImpl(int64_t embed, int64_t heads, double dropout) : heads(heads), dropout(dropout) {
+    ln1 = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({embed})));
+    ln2 = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({embed})));
+    qkv = register_module("qkv", torch::nn::Linear(embed, 3 * embed));
+    proj = register_module("proj", torch::nn::Linear(embed, embed));
+    fc = register_module("fc", torch::nn::Linear(embed, 4 * embed));
+    fc_out = register_module("fc_out", torch::nn::Linear(4 * embed, embed));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    const auto B = x.size(0), T = x.size(1), C = x.size(2);
+    // Linears run on (B*T, C): one fused aten::addmm each, as Python's
+    // F.linear does. (LibTorch's C++ linear on 3-D input runs aten::mm and
+    // adds the bias in place, which leaves nothing of it worth caching.)
+    auto flat = x.reshape({B * T, C});
+    auto parts = qkv->forward(ln1->forward(flat)).view({B, T, 3 * C}).split(C, /*dim=*/2);
+    auto heads_of = [&](const at::Tensor& t) {
+      return t.view({B, T, heads, C / heads}).transpose(1, 2);
+    };
+    auto attn = at::scaled_dot_product_attention(heads_of(parts[0]), heads_of(parts[1]),
+                                                 heads_of(parts[2]), /*attn_mask=*/{},
+                                                 /*dropout_p=*/0.0, /*is_causal=*/true);
+    attn = attn.transpose(1, 2).reshape({B * T, C});
+    auto h = flat + torch::dropout(proj->forward(attn), dropout, is_training());
+    auto m = fc_out->forward(torch::gelu(fc->forward(ln2->forward(h))));
+    return (h + torch::dropout(m, dropout, is_training())).view({B, T, C});
+  }
+  int64_t heads;
+  double dropout;
+  torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
+  torch::nn::Linear qkv{nullptr}, proj{nullptr}, fc{nullptr}, fc_out{nullptr};
+};
+TORCH_MODULE(GptBlock);
+
+// A CPU allocator that counts live bytes exactly. Installed for the whole
+// process on first use; only allocations made after that are counted.
+class CountingAllocator final : public c10::Allocator {
+ public:
+  static void install() {
+    static CountingAllocator* allocator = [] {
+      auto* counting = new CountingAllocator();
+      c10::SetCPUAllocator(counting, /*priority=*/100);
+      return counting;
+    }();
+    (void)allocator;
+  }
+  static int64_t live_bytes() { return live().load(); }
+  static int64_t peak_bytes() { return peak().load(); }
+  static void reset_peak() { peak().store(live().load()); }
+
+  c10::DataPtr allocate(size_t bytes) override {
+    // The size lives in a header before the data: LibTorch's raw_allocate
+    // needs the context to be the data pointer itself.
+    auto* base = static_cast<char*>(c10::alloc_cpu(bytes + kHeader));
+    *reinterpret_cast<size_t*>(base) = bytes;
+    const int64_t now = live().fetch_add(static_cast<int64_t>(bytes)) + static_cast<int64_t>(bytes);
+    int64_t high = peak().load();
+    while (now > high && !peak().compare_exchange_weak(high, now)) {
+    }
+    void* data = base + kHeader;
+    return {data, data, &free_counted, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &free_counted; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+ private:
+  static constexpr size_t kHeader = 64;  // keeps the data 64-byte aligned
+  static std::atomic<int64_t>& live() {
+    static std::atomic<int64_t> bytes{0};
+    return bytes;
+  }
+  static std::atomic<int64_t>& peak() {
+    static std::atomic<int64_t> bytes{0};
+    return bytes;
+  }
+  static void free_counted(void* data) {
+    char* base = static_cast<char*>(data) - kHeader;
+    live().fetch_sub(static_cast<int64_t>(*reinterpret_cast<size_t*>(base)));
+    c10::free_cpu(base);
+  }
+};
+
+}  // namespace sac_examples

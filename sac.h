@@ -1,0 +1,24 @@
+// sac: selective activation checkpointing for LibTorch.
+//
+//   auto policy = sac::Policy::save_ops({"aten::mm", "aten::addmm"});
+//   auto y = sac::checkpoint(sac::CheckpointOptions().policy(policy),
+//                            [&](const at::Tensor& x) { return mlp->forward(x); },
+//                            x);
+//
+// The pieces, bottom up:
+//   sac/dispatch/interceptor.h     interception of aten ops below autograd
+//   sac/policy/policy.h            which op calls to save
+//   sac/cache/selective_modes.h    the caching and cached modes, their cache
+//   sac/checkpoint/checkpoint.h    non-reentrant checkpoint and its options
+#pragma once
+
+#include <sac/cache/op_cache.h>
+#include <sac/cache/selective_modes.h>
+#include <sac/checkpoint/checkpoint.h>
+#include <sac/checkpoint/context.h>
+#include <sac/checkpoint/error.h>
+#include <sac/checkpoint/guards.h>
+#include <sac/checkpoint/options.h>
+#include <sac/dispatch/interceptor.h>
+#include <sac/policy/checkpoint_policy.h>
+#include <sac/policy/policy.h>
