@@ -213,6 +213,13 @@ OpCache::Served OpCache::take(const c10::OperatorHandle& op, size_t index,
   return served;
 }
 
+void OpCache::clear() {
+  calls_.clear();
+  storages_.clear();
+  bytes_ = 0;
+  saved_calls_ = 0;
+}
+
 void OpCache::hold(const std::vector<c10::IValue>& outputs) {
   for (const auto& output : outputs) {
     for_each_tensor(output, [&](const at::Tensor& t) {

@@ -78,6 +78,9 @@ class OpCache {
   // `allow_mutation` is false.
   Served take(const c10::OperatorHandle& op, size_t call, bool allow_mutation);
 
+  // Drops every call and the outputs it kept.
+  void clear();
+
   // ---- Accounting ---------------------------------------------------------
 
   // Bytes of tensor storage the cache keeps alive (each storage counted

@@ -49,6 +49,8 @@ class CachingMode final : public RegionContext, private dispatch::OpInterceptor 
   // Also demotes cached outputs the forward modified in place (see
   // OpCache::demote_modified) when the outermost entry exits.
   void exit() override;
+  // Empties the cache (shared with the cached mode).
+  void release() override { cache_->clear(); }
   const OpCache& cache() const { return *cache_; }
 
  private:
@@ -67,6 +69,7 @@ class CachedMode final : public RegionContext, private dispatch::OpInterceptor {
   // Each outermost entry starts a new replay from the first call.
   void enter() override;
   void exit() override;
+  void release() override { cache_->clear(); }
   const OpCache& cache() const { return *cache_; }
 
  private:
@@ -86,7 +89,8 @@ class CachedMode final : public RegionContext, private dispatch::OpInterceptor {
 
 // The two modes sharing one cache. Converts to the `RegionContexts` that a
 // `ContextFn` returns; each mode can also be entered on its own with a
-// `ContextScope`.
+// `ContextScope`. One pair serves one checkpointed region: a context_fn
+// should create a new pair per call, as PyTorch's does.
 struct SelectiveCheckpointContexts {
   std::shared_ptr<CachingMode> caching;
   std::shared_ptr<CachedMode> cached;

@@ -19,6 +19,10 @@ class RegionContext {
   virtual ~RegionContext() = default;
   virtual void enter() = 0;
   virtual void exit() = 0;
+  // The checkpointed region's graph was freed (after backward, or dropped
+  // without one): nothing will be recomputed any more, so whatever the
+  // context keeps for the recomputation can go.
+  virtual void release() {}
 };
 
 // The pair a `ContextFn` returns. Either may be null (no context).

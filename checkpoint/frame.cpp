@@ -93,6 +93,14 @@ CheckpointFrame::CheckpointFrame(FrameConfig config, RecomputeFn recompute_fn,
       contexts_(std::move(contexts)),
       forward_state_(std::move(forward_state)) {}
 
+CheckpointFrame::~CheckpointFrame() {
+  for (const auto& context : {contexts_.forward, contexts_.recompute}) {
+    if (context) {
+      context->release();
+    }
+  }
+}
+
 void CheckpointFrame::save_inputs(const std::vector<at::Tensor>& inputs) {
   saved_inputs_.reserve(inputs.size());
   for (const auto& input : inputs) {

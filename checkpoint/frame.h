@@ -44,6 +44,8 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
  public:
   CheckpointFrame(FrameConfig config, RecomputeFn recompute_fn,
                   RegionContexts contexts, ForwardState forward_state);
+  // Releases the contexts (RegionContext::release).
+  ~CheckpointFrame();
 
   // Saves the inputs as autograd would (version-checked at unpack). Must be
   // called before the forward hooks are installed, so that an enclosing

@@ -57,11 +57,12 @@ std::string join(const std::vector<std::string>& items) {
 }
 
 [[noreturn]] void fail_unknown(std::string_view text) {
-  TORCH_CHECK(false, "sac: no operator named '", text,
-              "' is registered. Closest registered names: ",
-              join(closest_op_names(text, 5)),
-              ". Check the spelling, and that the library defining a custom op "
-              "is loaded before the policy is built.");
+  C10_THROW_ERROR(Error, c10::str(
+      "sac: no operator named '", text,
+      "' is registered. Closest registered names: ",
+      join(closest_op_names(text, 5)),
+      ". Check the spelling, and that the library defining a custom op is "
+      "loaded before the policy is built."));
 }
 
 }  // namespace
@@ -123,10 +124,10 @@ std::vector<c10::OperatorHandle> resolve_op_name(std::string_view text) {
   for (const auto& op : overloads) {
     names.push_back(display_name(op.operator_name()));
   }
-  TORCH_CHECK(false, "sac: '", text,
-              "' names an op with several overloads and no default one: ",
-              join(names), ". Name the overload you mean (for example \"",
-              names.front(), "\"), or all of them with \"", base, ".*\".");
+  C10_THROW_ERROR(Error, c10::str(
+      "sac: '", text, "' names an op with several overloads and no default "
+      "one: ", join(names), ". Name the overload you mean (for example \"",
+      names.front(), "\"), or all of them with \"", base, ".*\"."));
 }
 
 }  // namespace sac::policy

@@ -40,13 +40,24 @@ const std::vector<c10::OperatorHandle>& ignored_ops() {
   return ops;
 }
 
-// True if `op` decomposes above autograd: a CompositeImplicitAutograd kernel
-// and no autograd kernel of its own.
+// True if `op` decomposes above autograd for dense tensors. The dispatcher
+// prefers a CompositeImplicitAutograd kernel to an `Autograd` alias kernel
+// whenever the op has no backend kernel (aten::linear has an Autograd kernel,
+// for nested tensors, and still decomposes on dense ones).
 bool decomposes_above_autograd(const c10::OperatorHandle& op) {
-  return op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
-         !op.hasKernelForDispatchKey(c10::DispatchKey::Autograd) &&
-         !op.hasKernelForDispatchKey(c10::DispatchKey::AutogradCPU) &&
-         !op.hasKernelForDispatchKey(c10::DispatchKey::AutogradCUDA);
+  using c10::DispatchKey;
+  if (!op.hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd)) {
+    return false;
+  }
+  for (const auto key : {DispatchKey::CPU, DispatchKey::CUDA,
+                         DispatchKey::CompositeExplicitAutograd,
+                         DispatchKey::CompositeExplicitAutogradNonFunctional,
+                         DispatchKey::AutogradCPU, DispatchKey::AutogradCUDA}) {
+    if (op.hasKernelForDispatchKey(key)) {
+      return false;
+    }
+  }
+  return true;
 }
 
 }  // namespace

@@ -1,0 +1,350 @@
+// The dispatch layer: which mechanism is used, interceptors below autograd,
+// suspension while an interceptor runs, nesting, and thread-local state
+// across exceptions.
+#include "support.h"
+
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <vector>
+
+namespace {
+
+using sac::dispatch::Mechanism;
+using sac_test::error_of;
+
+c10::OperatorHandle op_of(const char* name, const char* overload = "") {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+size_t count_of(const std::vector<std::string>& names, const std::string& name) {
+  return static_cast<size_t>(std::count(names.begin(), names.end(), name));
+}
+
+// Records the name of each op it sees, then runs it.
+class Recorder : public sac::dispatch::OpInterceptor {
+ public:
+  void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
+                 torch::jit::Stack* stack) override {
+    names.push_back(c10::toString(op.operator_name()));
+    sac::dispatch::run_op(op, below, stack);
+  }
+  std::vector<std::string> names;
+};
+
+// Makes sure the ops the tests call are intercepted with either mechanism.
+void intercept_test_ops() {
+  const std::vector<c10::OperatorHandle> ops{op_of("aten::mm"), op_of("aten::add", "Tensor")};
+  sac::dispatch::intercept_ops(ops);
+}
+
+struct Operands {
+  at::Tensor a, b;
+};
+
+Operands operands() {
+  torch::manual_seed(0);
+  return {torch::randn({3, 4}, torch::requires_grad()), torch::randn({4, 2})};
+}
+
+class DispatchTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    sac_test::expect_configured_mechanism();
+    intercept_test_ops();
+    ASSERT_EQ(sac::dispatch::active_interceptor(), nullptr) << "left active by an earlier test";
+  }
+  void TearDown() override {
+    EXPECT_EQ(sac::dispatch::active_interceptor(), nullptr);
+    EXPECT_FALSE(c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::Fake));
+  }
+};
+
+// ---- Mechanism -------------------------------------------------------------------
+
+TEST_F(DispatchTest, MechanismMatchesSacDispatch) {
+  const char* env = std::getenv("SAC_DISPATCH");
+  const std::string name = env == nullptr ? "" : env;
+  if (name == "per_op") {
+    EXPECT_EQ(sac::dispatch::mechanism(), Mechanism::PerOpKernels);
+  } else if (name == "fallback") {
+    EXPECT_EQ(sac::dispatch::mechanism(), Mechanism::FallbackKey);
+  } else {
+    GTEST_SKIP() << "SAC_DISPATCH is '" << name << "', neither per_op nor fallback";
+  }
+}
+
+TEST_F(DispatchTest, MechanismNamesDescribeThePlacement) {
+  EXPECT_EQ(sac::dispatch::to_string(Mechanism::PerOpKernels), "per-op kernels on ADInplaceOrView");
+  EXPECT_EQ(sac::dispatch::to_string(Mechanism::FallbackKey), "fallback on the Fake key");
+}
+
+// LibTorch 2.13 leaves the Fake key unused; sac's own fallback on it (with
+// SAC_DISPATCH=fallback) does not make it unavailable.
+TEST_F(DispatchTest, FallbackKeyIsAvailable) {
+  std::string reason;
+  EXPECT_TRUE(sac::dispatch::fallback_key_available(&reason)) << reason;
+  EXPECT_TRUE(sac::dispatch::fallback_key_available());
+}
+
+TEST_F(DispatchTest, SwitchingMechanismAfterInterceptionThrows) {
+  {
+    Recorder recorder;
+    sac::dispatch::InterceptorGuard guard(&recorder);  // interception is in use now
+  }
+  const Mechanism current = sac::dispatch::mechanism();
+  const Mechanism other =
+      current == Mechanism::PerOpKernels ? Mechanism::FallbackKey : Mechanism::PerOpKernels;
+  const auto msg = error_of([&] { sac::dispatch::set_mechanism(other); });
+  EXPECT_TRUE(contains(msg, "cannot switch the dispatch mechanism")) << msg;
+  EXPECT_TRUE(contains(msg, "already in use")) << msg;
+  EXPECT_TRUE(contains(msg, "SAC_DISPATCH")) << msg;
+  EXPECT_TRUE(contains(msg, "set_mechanism")) << msg;
+  // Asking for the mechanism in use is fine, and changes nothing.
+  EXPECT_NO_THROW(sac::dispatch::set_mechanism(current));
+  EXPECT_EQ(sac::dispatch::mechanism(), current);
+}
+
+// ---- Interception ----------------------------------------------------------------
+
+TEST_F(DispatchTest, InterceptorSeesOpsBelowAutograd) {
+  const auto ab = operands();
+  const at::Tensor& a = ab.a;
+  const at::Tensor& b = ab.b;
+  const at::Tensor expected = a.mm(b);
+  Recorder recorder;
+  at::Tensor y;
+  {
+    sac::dispatch::InterceptorGuard guard(&recorder);
+    EXPECT_EQ(sac::dispatch::active_interceptor(), &recorder);
+    y = a.mm(b);
+  }
+  EXPECT_EQ(count_of(recorder.names, "aten::mm"), 1u);
+  ASSERT_TRUE(y.grad_fn() != nullptr) << "autograd did not run above the interceptor";
+  EXPECT_EQ(y.grad_fn()->name(), "MmBackward0");
+  EXPECT_TRUE(torch::equal(y, expected));
+}
+
+TEST_F(DispatchTest, NothingIsRecordedWithoutAnActiveInterceptor) {
+  const auto ab = operands();
+  const at::Tensor& a = ab.a;
+  const at::Tensor& b = ab.b;
+  Recorder recorder;
+  {
+    sac::dispatch::InterceptorGuard guard(&recorder);
+  }
+  a.mm(b).add(1);
+  EXPECT_TRUE(recorder.names.empty());
+  EXPECT_EQ(sac::dispatch::active_interceptor(), nullptr);
+}
+
+TEST_F(DispatchTest, PushAndPopInterceptor) {
+  const auto ab = operands();
+  const at::Tensor& a = ab.a;
+  const at::Tensor& b = ab.b;
+  Recorder recorder;
+  const auto token = sac::dispatch::push_interceptor(&recorder);
+  EXPECT_EQ(token.previous, nullptr);
+  EXPECT_EQ(sac::dispatch::active_interceptor(), &recorder);
+  a.mm(b);
+  sac::dispatch::pop_interceptor(token);
+  EXPECT_EQ(sac::dispatch::active_interceptor(), nullptr);
+  a.mm(b);
+  EXPECT_EQ(count_of(recorder.names, "aten::mm"), 1u);
+}
+
+// Calls aten::add on its first argument while it handles an op, and looks at
+// the active interceptor from inside.
+class NestingRecorder : public sac::dispatch::OpInterceptor {
+ public:
+  void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
+                 torch::jit::Stack* stack) override {
+    names.push_back(c10::toString(op.operator_name()));
+    active_inside.push_back(sac::dispatch::active_interceptor());
+    const auto args = torch::jit::last(*stack, op.schema().arguments().size());
+    if (!args.empty() && args[0].isTensor()) {
+      nested_sum = at::add(args[0].toTensor(), args[0].toTensor());
+    }
+    sac::dispatch::run_op(op, below, stack);
+  }
+  std::vector<std::string> names;
+  std::vector<sac::dispatch::OpInterceptor*> active_inside;
+  at::Tensor nested_sum;
+};
+
+TEST_F(DispatchTest, InterceptionIsSuspendedWhileAnInterceptorRuns) {
+  const auto ab = operands();
+  const at::Tensor& a = ab.a;
+  const at::Tensor& b = ab.b;
+  NestingRecorder recorder;
+  at::Tensor y;
+  {
+    sac::dispatch::InterceptorGuard guard(&recorder);
+    y = a.mm(b);
+    EXPECT_EQ(sac::dispatch::active_interceptor(), &recorder);
+  }
+  EXPECT_EQ(count_of(recorder.names, "aten::mm"), 1u);
+  EXPECT_EQ(count_of(recorder.names, "aten::add.Tensor"), 0u)
+      << "the interceptor's own aten::add was intercepted";
+  ASSERT_FALSE(recorder.active_inside.empty());
+  for (auto* active : recorder.active_inside) {
+    EXPECT_EQ(active, nullptr);
+  }
+  ASSERT_TRUE(recorder.nested_sum.defined());
+  EXPECT_TRUE(torch::equal(recorder.nested_sum, a + a));
+  EXPECT_TRUE(torch::equal(y, a.mm(b)));
+}
+
+TEST_F(DispatchTest, InterceptionResumesAfterTheInterceptorReturns) {
+  const auto ab = operands();
+  const at::Tensor& a = ab.a;
+  const at::Tensor& b = ab.b;
+  NestingRecorder recorder;
+  {
+    sac::dispatch::InterceptorGuard guard(&recorder);
+    a.mm(b);
+    a.add(a);
+  }
+  // The add outside intercept() is seen.
+  EXPECT_EQ(count_of(recorder.names, "aten::mm"), 1u);
+  EXPECT_EQ(count_of(recorder.names, "aten::add.Tensor"), 1u);
+}
+
+TEST_F(DispatchTest, InnerGuardHidesOuterOne) {
+  const auto ab = operands();
+  const at::Tensor& a = ab.a;
+  const at::Tensor& b = ab.b;
+  Recorder outer, inner;
+  {
+    sac::dispatch::InterceptorGuard outer_guard(&outer);
+    {
+      sac::dispatch::InterceptorGuard inner_guard(&inner);
+      EXPECT_EQ(sac::dispatch::active_interceptor(), &inner);
+      a.mm(b);
+    }
+    EXPECT_EQ(sac::dispatch::active_interceptor(), &outer);
+    EXPECT_EQ(count_of(inner.names, "aten::mm"), 1u);
+    EXPECT_EQ(count_of(outer.names, "aten::mm"), 0u);
+    a.mm(b);
+    EXPECT_EQ(count_of(inner.names, "aten::mm"), 1u);
+    EXPECT_EQ(count_of(outer.names, "aten::mm"), 1u);
+  }
+  EXPECT_EQ(sac::dispatch::active_interceptor(), nullptr);
+  a.mm(b);
+  EXPECT_EQ(count_of(inner.names, "aten::mm"), 1u);
+  EXPECT_EQ(count_of(outer.names, "aten::mm"), 1u);
+}
+
+// ---- Exceptions ------------------------------------------------------------------
+
+class Throwing : public sac::dispatch::OpInterceptor {
+ public:
+  void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack*) override {
+    ++calls;
+    TORCH_CHECK(false, "interceptor refuses ", op.operator_name());
+  }
+  int calls = 0;
+};
+
+TEST_F(DispatchTest, ExceptionFromInterceptorPropagatesAndLeaksNoState) {
+  const auto ab = operands();
+  const at::Tensor& a = ab.a;
+  const at::Tensor& b = ab.b;
+  Throwing thrower;
+  {
+    sac::dispatch::InterceptorGuard guard(&thrower);
+    const auto msg = error_of([&] { a.mm(b); });
+    EXPECT_TRUE(contains(msg, "interceptor refuses aten::mm")) << msg;
+    // The suspension ended with the exception: the interceptor is active again.
+    EXPECT_EQ(sac::dispatch::active_interceptor(), &thrower);
+  }
+  EXPECT_EQ(thrower.calls, 1);
+  EXPECT_EQ(sac::dispatch::active_interceptor(), nullptr);
+  EXPECT_FALSE(c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::Fake));
+  at::Tensor y;
+  ASSERT_NO_THROW(y = a.mm(b));
+  EXPECT_EQ(thrower.calls, 1) << "intercepted after its guard was gone";
+  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{3, 2}));
+  // A new interceptor works as before.
+  Recorder recorder;
+  {
+    sac::dispatch::InterceptorGuard guard(&recorder);
+    a.mm(b);
+  }
+  EXPECT_EQ(count_of(recorder.names, "aten::mm"), 1u);
+}
+
+// ---- Per-op kernels --------------------------------------------------------------
+
+TEST_F(DispatchTest, PerOpRefusesOpsWithLibTorchInplaceOrViewKernel) {
+  if (sac::dispatch::mechanism() != Mechanism::PerOpKernels) {
+    GTEST_SKIP() << "intercept_ops registers nothing (and so refuses nothing) with the "
+                    "fallback-key mechanism";
+  }
+  const std::vector<c10::OperatorHandle> ops{op_of("aten::add_", "Tensor")};
+  const auto msg = error_of([&] { sac::dispatch::intercept_ops(ops); });
+  EXPECT_TRUE(contains(msg, "cannot intercept aten::add_.Tensor")) << msg;
+  EXPECT_TRUE(contains(msg, "LibTorch registers its own ADInplaceOrView kernel")) << msg;
+  EXPECT_TRUE(contains(msg, "sac never replaces a LibTorch kernel")) << msg;
+  // LibTorch's kernel is still in place.
+  auto x = torch::zeros({2});
+  const auto version = x._version();
+  x.add_(1);
+  EXPECT_EQ(x._version(), version + 1);
+}
+
+TEST_F(DispatchTest, InterceptOpsIsIdempotent) {
+  const std::vector<c10::OperatorHandle> ops{op_of("aten::mm")};
+  EXPECT_NO_THROW(sac::dispatch::intercept_ops(ops));
+  EXPECT_NO_THROW(sac::dispatch::intercept_ops(ops));
+  const auto ab = operands();
+  const at::Tensor& a = ab.a;
+  const at::Tensor& b = ab.b;
+  Recorder recorder;
+  {
+    sac::dispatch::InterceptorGuard guard(&recorder);
+    a.mm(b);
+  }
+  EXPECT_EQ(count_of(recorder.names, "aten::mm"), 1u);
+}
+
+// ---- SAC_DISPATCH ----------------------------------------------------------------
+
+// Runs this binary again with SAC_DISPATCH=bogus, only the test that checks
+// the configured mechanism: it must fail with sac's message.
+TEST_F(DispatchTest, BadSacDispatchValueIsReported) {
+  char self[4096];
+  const ssize_t length = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (length <= 0) {
+    GTEST_SKIP() << "cannot find this test binary (no /proc/self/exe)";
+  }
+  self[length] = '\0';
+  // The child must not write this run's reports, nor be sharded away.
+  const std::string command =
+      "env -u GTEST_OUTPUT -u XML_OUTPUT_FILE -u GTEST_SHARD_INDEX -u GTEST_TOTAL_SHARDS "
+      "-u GTEST_SHARD_STATUS_FILE -u TEST_PREMATURE_EXIT_FILE SAC_DISPATCH=bogus '" +
+      std::string(self) + "' --gtest_filter=DispatchTest.MechanismMatchesSacDispatch 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr) << command;
+  std::string output;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) {
+    output.append(buffer, n);
+  }
+  const int status = pclose(pipe);
+  ASSERT_TRUE(WIFEXITED(status)) << output;
+  EXPECT_NE(WEXITSTATUS(status), 0) << output;
+  EXPECT_TRUE(contains(output, "SAC_DISPATCH='bogus' is not a dispatch mechanism")) << output;
+  EXPECT_TRUE(contains(output, "Use per_op")) << output;
+}
+
+}  // namespace
