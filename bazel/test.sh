@@ -15,7 +15,7 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
 
 bazel_bin="${BAZEL:-bazel}"
-output_root="${SAC_BAZEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sac-bazel}"
+output_root="${SAC_BAZEL_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/sac-bazel}"
 mkdir -p "$output_root"
 
 if [[ $# -eq 0 ]]; then

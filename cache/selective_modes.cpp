@@ -56,23 +56,30 @@ void restore(GeneratorSnapshot snapshot) {
 
 }  // namespace
 
-// ---- CachingMode ------------------------------------------------------------
+// ---- SelectiveMode ----------------------------------------------------------
 
-CachingMode::CachingMode(Policy policy, std::shared_ptr<OpCache> cache)
-    : policy_(std::move(policy)), cache_(std::move(cache)) {}
-
-void CachingMode::enter() {
+void SelectiveMode::enter() {
+  if (entries_.empty()) {
+    on_outermost_enter();
+  }
   entries_.push_back(dispatch::push_interceptor(this));
 }
 
-void CachingMode::exit() {
-  TORCH_INTERNAL_ASSERT(!entries_.empty(), "sac: CachingMode exited more often than entered");
+void SelectiveMode::exit() {
+  TORCH_INTERNAL_ASSERT(!entries_.empty(), "sac: a mode exited more often than entered");
   dispatch::pop_interceptor(entries_.back());
   entries_.pop_back();
   if (entries_.empty()) {
-    cache_->demote_modified();
+    on_outermost_exit();
   }
 }
+
+// ---- CachingMode ------------------------------------------------------------
+
+CachingMode::CachingMode(Policy policy, std::shared_ptr<OpCache> cache)
+    : SelectiveMode(std::move(policy), std::move(cache)) {}
+
+void CachingMode::on_outermost_exit() { cache_->demote_modified(); }
 
 void CachingMode::intercept(const c10::OperatorHandle& op,
                             c10::DispatchKeySet below, torch::jit::Stack* stack) {
@@ -104,23 +111,9 @@ void CachingMode::intercept(const c10::OperatorHandle& op,
 CachedMode::CachedMode(Policy policy, std::shared_ptr<OpCache> cache,
                        bool allow_cache_entry_mutation,
                        RecomputeDecisions decisions)
-    : policy_(std::move(policy)),
-      cache_(std::move(cache)),
+    : SelectiveMode(std::move(policy), std::move(cache)),
       allow_cache_entry_mutation_(allow_cache_entry_mutation),
       decisions_(decisions) {}
-
-void CachedMode::enter() {
-  if (entries_.empty()) {
-    next_call_.clear();
-  }
-  entries_.push_back(dispatch::push_interceptor(this));
-}
-
-void CachedMode::exit() {
-  TORCH_INTERNAL_ASSERT(!entries_.empty(), "sac: CachedMode exited more often than entered");
-  dispatch::pop_interceptor(entries_.back());
-  entries_.pop_back();
-}
 
 void CachedMode::intercept(const c10::OperatorHandle& op,
                            c10::DispatchKeySet below, torch::jit::Stack* stack) {

@@ -42,49 +42,59 @@ enum class RecomputeDecisions {
   AskPolicy,
 };
 
-class CachingMode final : public RegionContext, private dispatch::OpInterceptor {
+// What both modes share: a policy, a cache, and interception of the thread's
+// ops while entered. Entries nest; the outermost entry and exit are where a
+// mode starts and finishes its pass.
+class SelectiveMode : public RegionContext, protected dispatch::OpInterceptor {
  public:
-  CachingMode(Policy policy, std::shared_ptr<OpCache> cache);
   void enter() override;
-  // Also demotes cached outputs the forward modified in place (see
-  // OpCache::demote_modified) when the outermost entry exits.
   void exit() override;
-  // Empties the cache (shared with the cached mode).
+  // Empties the (shared) cache: the region's graph is gone.
   void release() override { cache_->clear(); }
   const OpCache& cache() const { return *cache_; }
 
- private:
-  void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
-                 torch::jit::Stack* stack) override;
+ protected:
+  SelectiveMode(Policy policy, std::shared_ptr<OpCache> cache)
+      : policy_(std::move(policy)), cache_(std::move(cache)) {}
+  virtual void on_outermost_enter() {}
+  virtual void on_outermost_exit() {}
 
   Policy policy_;
   std::shared_ptr<OpCache> cache_;
+
+ private:
   std::vector<dispatch::InterceptorToken> entries_;
 };
 
-class CachedMode final : public RegionContext, private dispatch::OpInterceptor {
+class CachingMode final : public SelectiveMode {
+ public:
+  CachingMode(Policy policy, std::shared_ptr<OpCache> cache);
+
+ private:
+  // Demotes cached outputs the forward modified in place (see
+  // OpCache::demote_modified).
+  void on_outermost_exit() override;
+  void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
+                 torch::jit::Stack* stack) override;
+};
+
+class CachedMode final : public SelectiveMode {
  public:
   CachedMode(Policy policy, std::shared_ptr<OpCache> cache,
              bool allow_cache_entry_mutation, RecomputeDecisions decisions);
-  // Each outermost entry starts a new replay from the first call.
-  void enter() override;
-  void exit() override;
-  void release() override { cache_->clear(); }
-  const OpCache& cache() const { return *cache_; }
 
  private:
+  // Each pass replays from the first call.
+  void on_outermost_enter() override { next_call_.clear(); }
   void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
                  torch::jit::Stack* stack) override;
   void check_same_decision(const c10::OperatorHandle& op, size_t call,
                            bool saved_in_forward,
                            c10::ArrayRef<c10::IValue> args) const;
 
-  Policy policy_;
-  std::shared_ptr<OpCache> cache_;
   bool allow_cache_entry_mutation_;
   RecomputeDecisions decisions_;
   std::unordered_map<c10::OperatorHandle, size_t> next_call_;
-  std::vector<dispatch::InterceptorToken> entries_;
 };
 
 // The two modes sharing one cache. Converts to the `RegionContexts` that a

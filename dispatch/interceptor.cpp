@@ -3,6 +3,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
@@ -61,8 +62,6 @@ void intercepting_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
   SuspendInterception suspend;
   interceptor->intercept(op, below, stack);
 }
-
-using OpFilter = std::function<bool(const c10::OperatorHandle&)>;
 
 // Remembers ops defined after a filter was installed; they are registered
 // at the next interceptor activation, because the dispatcher calls listeners
@@ -123,22 +122,28 @@ class Registry {
   }
 
   void intercept_matching(OpFilter filter) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    in_use_ = true;
-    if (resolve_locked() != Mechanism::PerOpKernels) {
-      return;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      in_use_ = true;
+      if (resolve_locked() != Mechanism::PerOpKernels ||
+          std::find(filters_.begin(), filters_.end(), filter) != filters_.end()) {
+        return;
+      }
+      filters_.push_back(filter);
     }
-    filters_.push_back(std::move(filter));
-    if (!listener_.has_value()) {
-      // The dispatcher replays every existing op to a new listener: the
-      // first batch of pending ops is the whole op table.
-      lock.unlock();
-      auto handle = c10::Dispatcher::singleton().addRegistrationListener(
-          std::make_unique<NewOpListener>(
-              [this](c10::OperatorName name) { note_new_op(std::move(name)); }));
-      lock.lock();
-      listener_.emplace(std::move(handle));
-    } else {
+    // The dispatcher replays every existing op to a new listener, and calls
+    // it under its own lock: added once, outside ours.
+    bool added = false;
+    std::call_once(listener_once_, [&] {
+      listener_ = new c10::RegistrationHandleRAII(
+          c10::Dispatcher::singleton().addRegistrationListener(
+              std::make_unique<NewOpListener>([this](c10::OperatorName name) {
+                note_new_op(std::move(name));
+              })));
+      added = true;
+    });
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!added) {
       // Existing ops must be checked against the new filter too.
       for (const auto& name : c10::Dispatcher::singleton().getAllOpNames()) {
         pending_.push_back(name);
@@ -281,7 +286,8 @@ class Registry {
   std::optional<c10::RegistrationHandleRAII> fallback_;
   std::unordered_map<c10::OperatorName, c10::RegistrationHandleRAII> kernels_;
   std::vector<OpFilter> filters_;
-  std::optional<c10::RegistrationHandleRAII> listener_;
+  std::once_flag listener_once_;
+  c10::RegistrationHandleRAII* listener_ = nullptr;  // leaked with the registry
   std::vector<c10::OperatorName> pending_;
 
   std::mutex pending_mutex_;
@@ -336,9 +342,8 @@ void intercept_ops(c10::ArrayRef<c10::OperatorHandle> ops) {
   Registry::get().intercept(ops);
 }
 
-void intercept_ops_matching(
-    std::function<bool(const c10::OperatorHandle&)> filter) {
-  Registry::get().intercept_matching(std::move(filter));
+void intercept_ops_matching(OpFilter filter) {
+  Registry::get().intercept_matching(filter);
 }
 
 InterceptorToken push_interceptor(OpInterceptor* interceptor) {

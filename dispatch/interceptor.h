@@ -35,7 +35,6 @@
 #include <ATen/core/stack.h>
 #include <c10/core/DispatchKeySet.h>
 
-#include <functional>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -92,9 +91,11 @@ void intercept_ops(c10::ArrayRef<c10::OperatorHandle> ops);
 
 // Like `intercept_ops` for every registered op that satisfies `filter`, and
 // for every op registered later that does (they are picked up when an
-// interceptor is next activated). `filter` must be callable from any thread
-// and must select only ops without an ADInplaceOrView kernel.
-void intercept_ops_matching(std::function<bool(const c10::OperatorHandle&)> filter);
+// interceptor is next activated). Ops with LibTorch's own ADInplaceOrView
+// kernel are skipped. `filter` must be callable from any thread. Installing
+// a filter that is already installed costs a lock and a lookup.
+using OpFilter = bool (*)(const c10::OperatorHandle& op);
+void intercept_ops_matching(OpFilter filter);
 
 // What `push_interceptor` replaced; give it back to `pop_interceptor`.
 struct InterceptorToken {
