@@ -20,8 +20,7 @@ c10::ArrayRef<c10::IValue> outputs_on(const c10::OperatorHandle& op,
   return torch::jit::last(stack, op.schema().returns().size());
 }
 
-// The generator a random op draws from: an explicit Generator argument, else
-// the default generator of the device of its first tensor output.
+// A random op's explicit Generator argument, if it has one.
 std::optional<at::Generator> explicit_generator(c10::ArrayRef<c10::IValue> args) {
   for (const auto& arg : args) {
     if (arg.isGenerator()) {
@@ -31,6 +30,8 @@ std::optional<at::Generator> explicit_generator(c10::ArrayRef<c10::IValue> args)
   return std::nullopt;
 }
 
+// The generator a random op drew from (`generator` if explicit, else the
+// default generator of its first tensor output's device) and its state now.
 std::optional<GeneratorSnapshot> snapshot_after(
     std::optional<at::Generator> generator, c10::ArrayRef<c10::IValue> outputs) {
   if (!generator.has_value()) {
