@@ -95,12 +95,12 @@ void OpCache::append_saved(const c10::OperatorHandle& op,
   calls_[op].push_back(std::move(call));
 }
 
-void OpCache::watch_aliases(c10::ArrayRef<c10::IValue> outputs) {
+void OpCache::watch_aliases(c10::ArrayRef<c10::IValue> values) {
   if (storages_.empty()) {
     return;
   }
-  for (const auto& output : outputs) {
-    for_each_tensor(output, [&](const at::Tensor& t) {
+  for (const auto& value : values) {
+    for_each_tensor(value, [&](const at::Tensor& t) {
       if (!t.has_storage()) {
         return;
       }

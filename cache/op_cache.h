@@ -46,12 +46,13 @@ class OpCache {
                     c10::ArrayRef<c10::IValue> outputs,
                     std::optional<GeneratorSnapshot> generator);
 
-  // Watches the tensors among `outputs` (of any op the forward runs) that share
-  // storage with a cached tensor: an op such as aten::_unsafe_view returns a
-  // tensor on its input's storage with a version counter of its own, so a
-  // later in-place op on it (LibTorch's C++ linear adds its bias that way)
-  // modifies the cached value without changing the cached tensor's version.
-  void watch_aliases(c10::ArrayRef<c10::IValue> outputs);
+  // Watches the tensors among `values` that share storage with a cached
+  // tensor: an op such as aten::_unsafe_view returns a tensor on its input's
+  // storage with a version counter of its own, so an in-place op on one
+  // (LibTorch's C++ linear adds its bias that way) modifies the other without
+  // changing its version. The caching mode passes the outputs of every op the
+  // forward runs, and the inputs of every op it saves.
+  void watch_aliases(c10::ArrayRef<c10::IValue> values);
 
   // Turns saved calls whose outputs were modified in place since they were
   // stored into recompute calls (dropping the outputs): their cached value is

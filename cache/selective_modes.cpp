@@ -100,11 +100,15 @@ void CachingMode::intercept(const c10::OperatorHandle& op,
   const bool random = policy::is_random(op);
   std::optional<at::Generator> generator =
       random ? explicit_generator(args) : std::nullopt;
+  // An input may share the output's storage (aten::_unsafe_view): it must be
+  // watched too, so the arguments outlive the call.
+  const std::vector<c10::IValue> inputs(args.begin(), args.end());
   dispatch::run_op(op, below, stack);
   const auto outputs = outputs_on(op, *stack);
   cache_->append_saved(op, outputs,
                        random ? snapshot_after(std::move(generator), outputs)
                               : std::nullopt);
+  cache_->watch_aliases(inputs);
 }
 
 // ---- CachedMode -------------------------------------------------------------

@@ -5,6 +5,9 @@
 #include <ATen/autocast_mode.h>
 #include <sac/checkpoint/debug_log.h>
 
+#include <atomic>
+#include <thread>
+
 namespace {
 
 using sac_test::error_of;
@@ -228,6 +231,53 @@ TEST_F(Checkpoint, InputModifiedInPlaceBeforeBackwardIsAnError) {
   in.add_(1);
   const auto message = error_of([&] { torch::autograd::grad({y.sum()}, {w}); });
   EXPECT_NE(message.find("modified by an inplace operation"), std::string::npos) << message;
+}
+
+// Modes, hooks and frames live per thread: concurrent selective checkpoints
+// on several threads each get their own, bit-identical, gradients.
+TEST(Threads, ConcurrentSelectiveCheckpointsAreIndependent) {
+  sac_test::expect_configured_mechanism();
+  torch::manual_seed(0);
+  sac_test::Mlp mlp(32, 64, 16, 3);
+  auto params = mlp->parameters();
+  const auto policy = sac::Policy::save_ops({"aten::addmm"});
+  // Kernels (per-op mechanism) are registered before the threads start.
+  sac::create_selective_checkpoint_contexts(policy);
+  constexpr int kThreads = 4, kIterations = 10;
+  std::vector<at::Tensor> inputs, expected;
+  for (int t = 0; t < kThreads; ++t) {
+    inputs.push_back(torch::randn({8, 32}, torch::requires_grad()));
+    auto wrt = params;
+    wrt.push_back(inputs.back());
+    for (auto& g : torch::autograd::grad({mlp->forward(inputs.back()).sum()}, wrt)) {
+      expected.push_back(g);
+    }
+  }
+  std::atomic<int> mismatches{0}, failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        auto wrt = params;
+        wrt.push_back(inputs[t]);
+        for (int i = 0; i < kIterations; ++i) {
+          auto y = sac::checkpoint(sac::CheckpointOptions().policy(policy),
+                                   [&](const at::Tensor& in) { return mlp->forward(in); }, inputs[t]);
+          const auto grads = torch::autograd::grad({y.sum()}, wrt);
+          for (size_t j = 0; j < grads.size(); ++j) {
+            mismatches += !torch::equal(grads[j], expected[t * wrt.size() + j]);
+          }
+        }
+      } catch (const std::exception&) {
+        ++failures;
+      }
+    });
+  }
+  for (auto& thread : threads) {
+    thread.join();
+  }
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(mismatches.load(), 0);
 }
 
 // ---- Errors ---------------------------------------------------------------

@@ -159,4 +159,33 @@ TEST(HiddenAliases, InPlaceBiasThroughUnsafeViewIsNotServed) {
   sac_test::expect_bit_identical(expected, actual);
 }
 
+// The other direction: the cached op is the alias (aten::_unsafe_view) and
+// its input is modified in place after the alias was used (by an op that does
+// not save it, so autograd itself is fine). Serving the cached alias would
+// hand the recomputation the modified values.
+TEST(HiddenAliases, InputOfACachedAliasModifiedInPlaceIsNotServed) {
+  sac_test::expect_configured_mechanism();
+  torch::manual_seed(0);
+  auto w = torch::randn({8, 8}, torch::requires_grad());
+  auto x = torch::randn({4, 8}, torch::requires_grad());
+  auto f = [&](const at::Tensor& in) {
+    auto h = in.mm(w);
+    auto v = at::_unsafe_view(h, {2, 16});
+    auto a = (v + 1).sin();  // v + 1 is computed from v as it is now
+    h.mul_(2);               // changes v's storage behind v's version counter
+    return a.sum() + h.sum();
+  };
+  const auto expected = sac_test::run_and_grad([&] { return f(x); }, {x}, {w});
+  auto modes = sac::create_selective_checkpoint_contexts(sac::Policy::save_ops({"aten::_unsafe_view"}));
+  auto options = sac::CheckpointOptions().context_fn([modes] { return sac::RegionContexts(modes); });
+  const auto actual = sac_test::run_and_grad(
+      [&] {
+        auto y = sac::checkpoint(options, f, x);
+        EXPECT_EQ(modes.cache->demoted_calls(), 1u);
+        return y;
+      },
+      {x}, {w});
+  sac_test::expect_bit_identical(expected, actual);
+}
+
 }  // namespace
