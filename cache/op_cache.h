@@ -81,6 +81,8 @@ class OpCache {
 
   // Drops every call and the outputs it kept.
   void clear();
+  // No call recorded (or all cleared).
+  bool empty() const { return calls_.empty(); }
 
   // ---- Accounting ---------------------------------------------------------
 

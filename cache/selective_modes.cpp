@@ -80,6 +80,15 @@ void SelectiveMode::exit() {
 CachingMode::CachingMode(Policy policy, std::shared_ptr<OpCache> cache)
     : SelectiveMode(std::move(policy), std::move(cache)) {}
 
+void CachingMode::on_outermost_enter() {
+  TORCH_CHECK(cache_->empty(),
+              "sac: this pair of selective checkpointing modes already recorded "
+              "the forward of a checkpointed region, whose recomputation still "
+              "needs it. Create a new pair for each region: a context_fn should "
+              "call create_selective_checkpoint_contexts each time it is called "
+              "(or use CheckpointOptions::policy, which does).");
+}
+
 void CachingMode::on_outermost_exit() { cache_->demote_modified(); }
 
 void CachingMode::intercept(const c10::OperatorHandle& op,

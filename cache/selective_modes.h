@@ -71,6 +71,8 @@ class CachingMode final : public SelectiveMode {
   CachingMode(Policy policy, std::shared_ptr<OpCache> cache);
 
  private:
+  // Refuses to record a second forward into a cache that holds one.
+  void on_outermost_enter() override;
   // Demotes cached outputs the forward modified in place (see
   // OpCache::demote_modified).
   void on_outermost_exit() override;

@@ -57,6 +57,7 @@ CheckpointedCall::CheckpointedCall(const CheckpointOptions& options,
   frame->save_inputs(inputs);
   active_->hooks.emplace(frame->forward_hooks());
   active_->context.emplace(frame->forward_context());
+  frame->mark_forward_entered();
   if (config.debug) {
     active_->log.emplace(frame->forward_log(), config.debug_backtraces);
   }

@@ -94,6 +94,9 @@ CheckpointFrame::CheckpointFrame(FrameConfig config, RecomputeFn recompute_fn,
       forward_state_(std::move(forward_state)) {}
 
 CheckpointFrame::~CheckpointFrame() {
+  if (!forward_entered_) {
+    return;  // e.g. the contexts refused this region: their state is another's
+  }
   for (const auto& context : {contexts_.forward, contexts_.recompute}) {
     if (context) {
       context->release();

@@ -44,7 +44,8 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
  public:
   CheckpointFrame(FrameConfig config, RecomputeFn recompute_fn,
                   RegionContexts contexts, ForwardState forward_state);
-  // Releases the contexts (RegionContext::release).
+  // Releases the contexts (RegionContext::release), if the forward ran under
+  // them.
   ~CheckpointFrame();
 
   // Saves the inputs as autograd would (version-checked at unpack). Must be
@@ -56,6 +57,9 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
   SavedTensorHooksFactory forward_hooks();
 
   RegionContext* forward_context() const { return contexts_.forward.get(); }
+  // The forward context was entered: from now on the contexts hold state for
+  // this region, which the frame releases when it dies.
+  void mark_forward_entered() { forward_entered_ = true; }
   OpLog& forward_log() { return forward_log_; }
   const FrameConfig& config() const { return config_; }
   void mark_forward_completed() { forward_completed_ = true; }
@@ -93,6 +97,7 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
   std::vector<std::weak_ptr<Holder>> holders_;
   std::vector<TensorMetadata> metadata_;  // one per holder, with the check on
   std::unordered_map<int64_t, PassState> passes_;
+  bool forward_entered_ = false;
   bool forward_completed_ = false;
   bool ignore_saved_mismatch_ = false;
   OpLog forward_log_;

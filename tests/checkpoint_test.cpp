@@ -402,6 +402,20 @@ TEST_F(Checkpoint, PolicyAndContextFnTogetherIsAnError) {
   EXPECT_NE(message.find("both a policy and a context_fn"), std::string::npos) << message;
 }
 
+TEST_F(Checkpoint, ReusingOnePairOfModesForTwoRegionsIsAnError) {
+  auto modes = sac::create_selective_checkpoint_contexts(sac::Policy::save_ops({"aten::mm"}));
+  auto options = sac::CheckpointOptions().context_fn([modes] { return sac::RegionContexts(modes); });
+  auto f = [&](const at::Tensor& in) { return torch::tanh(in.mm(w)); };
+  auto first = sac::checkpoint(options, f, x);
+  const auto message = error_of([&] { sac::checkpoint(options, f, x); });
+  EXPECT_NE(message.find("already recorded"), std::string::npos) << message;
+  EXPECT_NE(message.find("create_selective_checkpoint_contexts each time"), std::string::npos) << message;
+  // Once the first region's graph is gone, the pair is free again.
+  torch::autograd::grad({first.sum()}, {w});
+  first.reset();
+  EXPECT_NO_THROW(sac::checkpoint(options, f, x));
+}
+
 TEST_F(Checkpoint, SelectiveOptionsWithoutPolicyAreAnError) {
   const auto message = error_of([&] {
     sac::checkpoint(sac::CheckpointOptions().allow_cache_entry_mutation(true),
