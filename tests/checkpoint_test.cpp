@@ -343,6 +343,34 @@ TEST_F(Checkpoint, DeterminismCheckReportsMetadataMismatches) {
   EXPECT_NE(message.find("DeterminismCheck::None"), std::string::npos) << message;
 }
 
+// A recomputed tensor of another shape that autograd does not mind (a
+// broadcast mask): the default check refuses it, DeterminismCheck::None lets
+// it through with the same gradients.
+TEST_F(Checkpoint, DeterminismCheckCanBeTurnedOff) {
+  bool broadcast = false;
+  auto f = [&](const at::Tensor& in) {
+    auto mask = broadcast ? torch::ones({1, 16}) : torch::ones({4, 16});
+    return torch::tanh(in.mm(w)) * mask;
+  };
+  const auto expected = run_and_grad([&] { return f(x); }, {x}, {w});
+  auto recompute_with_broadcast = [&](const sac::CheckpointOptions& options) {
+    broadcast = false;
+    return run_and_grad(
+        [&] {
+          auto y = sac::checkpoint(options, f, x);
+          broadcast = true;
+          return y;
+        },
+        {x}, {w});
+  };
+  const auto message = error_of<sac::CheckpointError>(
+      [&] { recompute_with_broadcast(sac::CheckpointOptions()); });
+  EXPECT_NE(message.find("shape: [1, 16]"), std::string::npos) << message;
+  expect_bit_identical(
+      expected,
+      recompute_with_broadcast(sac::CheckpointOptions().determinism_check(sac::DeterminismCheck::None)));
+}
+
 TEST_F(Checkpoint, DebugModePrintsTheOpsOfBothPasses) {
   bool fewer = false;
   auto f = [&](const at::Tensor& in) {
