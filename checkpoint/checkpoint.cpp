@@ -32,9 +32,10 @@ RegionContexts contexts_for(const CheckpointOptions& options) {
 
 }  // namespace
 
+// The frame and what is active during its forward. Declared in entry order:
+// destroying it exits them in reverse.
 struct CheckpointedCall::Active {
   std::shared_ptr<CheckpointFrame> frame;
-  // Declared in entry order; destroyed in reverse.
   std::optional<SavedTensorHooksGuard> hooks;
   std::optional<ContextScope> context;
   std::optional<OpLogScope> log;
@@ -64,17 +65,12 @@ CheckpointedCall::CheckpointedCall(const CheckpointOptions& options,
   active_->frame = std::move(frame);
 }
 
-CheckpointedCall::~CheckpointedCall() {
-  active_->log.reset();
-  active_->context.reset();
-  active_->hooks.reset();
-}
+CheckpointedCall::~CheckpointedCall() = default;
 
 void CheckpointedCall::forward_completed() {
-  active_->log.reset();
-  active_->context.reset();
-  active_->hooks.reset();
-  active_->frame->mark_forward_completed();
+  auto frame = std::move(active_->frame);
+  active_.reset();  // exits the forward: log, context, hooks
+  frame->mark_forward_completed();
 }
 
 }  // namespace sac::detail

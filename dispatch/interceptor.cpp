@@ -22,30 +22,42 @@ thread_local OpInterceptor* tls_interceptor = nullptr;
 // Set once sac's own fallback is registered on kFallbackKey.
 std::atomic<bool> our_fallback_registered{false};
 
+// The thread's interception state is the active interceptor and whether the
+// fallback key is in the thread's included key set. Both change together,
+// and the key set is written only when it changes (this runs per op).
+InterceptorToken swap_thread_state(OpInterceptor* interceptor,
+                                   bool include_fallback_key) {
+  InterceptorToken previous{
+      std::exchange(tls_interceptor, interceptor),
+      c10::impl::tls_is_dispatch_key_included(kFallbackKey)};
+  if (previous.fallback_key_was_included != include_fallback_key) {
+    c10::impl::tls_set_dispatch_key_included(kFallbackKey, include_fallback_key);
+  }
+  return previous;
+}
+
+// `fallback_key_included_now`: what the caller knows of the key set, which
+// saves the suspension path a read per op.
+void restore_thread_state(const InterceptorToken& token,
+                          bool fallback_key_included_now) {
+  tls_interceptor = token.previous;
+  if (fallback_key_included_now != token.fallback_key_was_included) {
+    c10::impl::tls_set_dispatch_key_included(kFallbackKey,
+                                             token.fallback_key_was_included);
+  }
+}
+
 // Hides the active interceptor (and the fallback key) while it handles an op,
 // so that the ops it runs are not intercepted again.
 class SuspendInterception {
  public:
-  SuspendInterception()
-      : saved_(std::exchange(tls_interceptor, nullptr)),
-        fallback_key_included_(
-            c10::impl::tls_is_dispatch_key_included(kFallbackKey)) {
-    if (fallback_key_included_) {
-      c10::impl::tls_set_dispatch_key_included(kFallbackKey, false);
-    }
-  }
-  ~SuspendInterception() {
-    tls_interceptor = saved_;
-    if (fallback_key_included_) {
-      c10::impl::tls_set_dispatch_key_included(kFallbackKey, true);
-    }
-  }
+  SuspendInterception() : saved_(swap_thread_state(nullptr, false)) {}
+  ~SuspendInterception() { restore_thread_state(saved_, false); }
   SuspendInterception(const SuspendInterception&) = delete;
   SuspendInterception& operator=(const SuspendInterception&) = delete;
 
  private:
-  OpInterceptor* saved_;
-  bool fallback_key_included_;
+  InterceptorToken saved_;
 };
 
 // The one boxed kernel, placed at `Key` by either mechanism.
@@ -347,22 +359,14 @@ void intercept_ops_matching(OpFilter filter) {
 }
 
 InterceptorToken push_interceptor(OpInterceptor* interceptor) {
-  const Mechanism m = Registry::get().activate();
-  InterceptorToken token;
-  token.previous = std::exchange(tls_interceptor, interceptor);
-  token.fallback_key_was_included =
-      c10::impl::tls_is_dispatch_key_included(kFallbackKey);
-  if (m == Mechanism::FallbackKey) {
-    c10::impl::tls_set_dispatch_key_included(kFallbackKey,
-                                             interceptor != nullptr);
-  }
-  return token;
+  const bool fallback = Registry::get().activate() == Mechanism::FallbackKey;
+  return swap_thread_state(
+      interceptor, fallback ? interceptor != nullptr
+                            : c10::impl::tls_is_dispatch_key_included(kFallbackKey));
 }
 
 void pop_interceptor(const InterceptorToken& token) {
-  tls_interceptor = token.previous;
-  c10::impl::tls_set_dispatch_key_included(kFallbackKey,
-                                           token.fallback_key_was_included);
+  restore_thread_state(token, c10::impl::tls_is_dispatch_key_included(kFallbackKey));
 }
 
 OpInterceptor* active_interceptor() { return tls_interceptor; }
