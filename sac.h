@@ -15,7 +15,7 @@
 #include <sac/cache/op_cache.h>
 #include <sac/cache/selective_modes.h>
 #include <sac/checkpoint/checkpoint.h>
-#include <sac/checkpoint/context.h>
+#include <sac/region/context.h>
 #include <sac/checkpoint/error.h>
 #include <sac/checkpoint/guards.h>
 #include <sac/checkpoint/options.h>

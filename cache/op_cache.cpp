@@ -1,5 +1,7 @@
 #include <sac/cache/op_cache.h>
 
+#include <sac/dispatch/boxed.h>
+
 #include <c10/core/TensorImpl.h>
 #include <c10/util/Exception.h>
 
@@ -24,25 +26,7 @@ at::Tensor detached_alias(const at::Tensor& t) {
       /*allow_tensor_metadata_change=*/true));
 }
 
-// Calls `f` on each defined tensor in `value`, in order.
-template <class F>
-void for_each_tensor(const c10::IValue& value, F&& f) {
-  if (value.isTensor()) {
-    if (value.toTensor().defined()) {
-      f(value.toTensor());
-    }
-  } else if (value.isTensorList()) {
-    for (const at::Tensor& t : value.toTensorList()) {
-      if (t.defined()) {
-        f(t);
-      }
-    }
-  } else if (value.isList()) {
-    for (const c10::IValue& element : value.toListRef()) {
-      for_each_tensor(element, f);
-    }
-  }
-}
+using dispatch::for_each_tensor;
 
 c10::IValue with_detached_tensors(const c10::IValue& value) {
   if (value.isTensor()) {
@@ -66,15 +50,20 @@ c10::IValue with_detached_tensors(const c10::IValue& value) {
   return value;
 }
 
-int64_t version_of(const at::Tensor& t) {
-  return static_cast<int64_t>(
-      t.unsafeGetTensorImpl()->version_counter().current_version());
-}
-
 }  // namespace
 
 void OpCache::append_recompute(const c10::OperatorHandle& op) {
   calls_[op].emplace_back();
+}
+
+void OpCache::watch(StorageInfo& info, const at::Tensor& t) {
+  const VersionWatch watch(t);
+  for (const auto& known : info.watches) {
+    if (known.identity() == watch.identity()) {
+      return;  // views share their base's counter: one watch covers them
+    }
+  }
+  info.watches.push_back(watch);
 }
 
 void OpCache::append_saved(const c10::OperatorHandle& op,
@@ -82,11 +71,12 @@ void OpCache::append_saved(const c10::OperatorHandle& op,
                            std::optional<GeneratorSnapshot> generator) {
   Call call;
   call.state = Call::State::Saved;
+  call.policy_saved = true;
   call.outputs.reserve(outputs.size());
   for (const auto& output : outputs) {
     call.outputs.push_back(with_detached_tensors(output));
     for_each_tensor(call.outputs.back(), [&](const at::Tensor& t) {
-      call.versions.push_back(version_of(t));
+      call.versions.emplace_back(t);
     });
   }
   call.generator = std::move(generator);
@@ -106,8 +96,7 @@ void OpCache::watch_aliases(c10::ArrayRef<c10::IValue> values) {
       }
       auto it = storages_.find(t.storage().unsafeGetStorageImpl());
       if (it != storages_.end()) {
-        const auto& counter = t.unsafeGetTensorImpl()->version_counter();
-        it->second.aliases.push_back({counter, counter.current_version()});
+        watch(it->second, t);
       }
     });
   }
@@ -123,18 +112,19 @@ std::optional<std::pair<size_t, std::string>> OpCache::first_modified(
       if (found.has_value()) {
         return;
       }
-      const int64_t now = version_of(t);
-      if (now != call.versions[index]) {
-        found.emplace(index, c10::str("version ", call.versions[index],
-                                      " when cached, ", now, " now"));
+      const VersionWatch& own = call.versions[index];
+      if (own.changed()) {
+        found.emplace(index, c10::str("version ", own.version(),
+                                      " when cached, ", own.current_version(),
+                                      " now"));
         return;
       }
       if (!t.has_storage()) {
         return;
       }
       const auto& info = storages_.at(t.storage().unsafeGetStorageImpl());
-      for (const auto& alias : info.aliases) {
-        if (alias.counter.current_version() != alias.version) {
+      for (const auto& other : info.watches) {
+        if (other.changed()) {
           found.emplace(index, "through another tensor on its storage, such "
                                "as the output of aten::_unsafe_view");
           return;
@@ -177,8 +167,10 @@ const OpCache::Call& OpCache::find(const c10::OperatorHandle& op,
   return it->second[call];
 }
 
-bool OpCache::is_saved(const c10::OperatorHandle& op, size_t call) const {
-  return find(op, call).state != Call::State::Recompute;
+OpCache::Record OpCache::record(const c10::OperatorHandle& op,
+                                size_t call) const {
+  const Call& found = find(op, call);
+  return {found.policy_saved, found.state != Call::State::Recompute};
 }
 
 OpCache::Served OpCache::take(const c10::OperatorHandle& op, size_t index,
@@ -231,6 +223,7 @@ void OpCache::hold(const std::vector<c10::IValue>& outputs) {
         info.nbytes = t.storage().nbytes();
         bytes_ += info.nbytes;
       }
+      watch(info, t);
     });
   }
 }

@@ -8,6 +8,8 @@
 // values that were stored.
 #pragma once
 
+#include <sac/region/version_watch.h>
+
 #include <ATen/core/Generator.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
@@ -64,9 +66,19 @@ class OpCache {
 
   // ---- Recomputation ------------------------------------------------------
 
-  // True if call `call` of `op` was saved, false if it is to be recomputed.
-  // Throws if the forward made no such call.
-  bool is_saved(const c10::OperatorHandle& op, size_t call) const;
+  // What the forward did with one call.
+  struct Record {
+    // The policy's answer in forward was save. Still true for a call whose
+    // outputs were demoted (see demote_modified): the policy is not to blame.
+    bool policy_saved = false;
+    // Its outputs are (or were, until taken) in the cache; otherwise the
+    // recomputation runs the op.
+    bool cached = false;
+  };
+
+  // The record of call `call` of `op`. Throws if the forward made no such
+  // call.
+  Record record(const c10::OperatorHandle& op, size_t call) const;
 
   struct Served {
     std::vector<c10::IValue> outputs;
@@ -98,8 +110,9 @@ class OpCache {
   struct Call {
     enum class State : uint8_t { Recompute, Saved, Served };
     State state = State::Recompute;
+    bool policy_saved = false;
     std::vector<c10::IValue> outputs;
-    std::vector<int64_t> versions;  // one per tensor in outputs, in order
+    std::vector<VersionWatch> versions;  // one per tensor in outputs, in order
     std::optional<GeneratorSnapshot> generator;
   };
 
@@ -109,17 +122,16 @@ class OpCache {
   void drop(Call& call);
 
   std::unordered_map<c10::OperatorHandle, std::vector<Call>> calls_;
-  // A version counter and its value when it started being watched.
-  struct Watch {
-    c10::VariableVersion counter;
-    uint32_t version;
-  };
   // Per storage held by the cache.
   struct StorageInfo {
     size_t refs = 0;    // cached tensors using it
     size_t nbytes = 0;  // its size when first held
-    std::vector<Watch> aliases;  // other tensors on it (see watch_aliases)
+    // Every version counter known on it, one watch each: the cached tensors'
+    // own and their aliases' (see watch_aliases). A change through any of
+    // them changes the memory every cached tensor on it reads.
+    std::vector<VersionWatch> watches;
   };
+  void watch(StorageInfo& info, const at::Tensor& t);
 
   // The first tensor of `call` modified since it was stored: its index and
   // how, or nullopt.

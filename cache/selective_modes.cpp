@@ -1,5 +1,6 @@
 #include <sac/cache/selective_modes.h>
 
+#include <sac/dispatch/boxed.h>
 #include <sac/policy/op_traits.h>
 
 #include <ATen/Context.h>
@@ -10,15 +11,8 @@
 namespace sac {
 namespace {
 
-c10::ArrayRef<c10::IValue> arguments_on(const c10::OperatorHandle& op,
-                                        const torch::jit::Stack& stack) {
-  return torch::jit::last(stack, op.schema().arguments().size());
-}
-
-c10::ArrayRef<c10::IValue> outputs_on(const c10::OperatorHandle& op,
-                                      const torch::jit::Stack& stack) {
-  return torch::jit::last(stack, op.schema().returns().size());
-}
+using dispatch::arguments_on;
+using dispatch::outputs_on;
 
 // A random op's explicit Generator argument, if it has one.
 std::optional<at::Generator> explicit_generator(c10::ArrayRef<c10::IValue> args) {
@@ -93,7 +87,7 @@ void CachingMode::on_outermost_exit() { cache_->demote_modified(); }
 
 void CachingMode::intercept(const c10::OperatorHandle& op,
                             c10::DispatchKeySet below, torch::jit::Stack* stack) {
-  if (!policy::is_cacheable(op)) {
+  if (!policy_.decides_about(op)) {
     dispatch::run_op(op, below, stack);
     cache_->watch_aliases(outputs_on(op, *stack));
     return;
@@ -131,16 +125,16 @@ CachedMode::CachedMode(Policy policy, std::shared_ptr<OpCache> cache,
 
 void CachedMode::intercept(const c10::OperatorHandle& op,
                            c10::DispatchKeySet below, torch::jit::Stack* stack) {
-  if (!policy::is_cacheable(op)) {
+  if (!policy_.decides_about(op)) {
     dispatch::run_op(op, below, stack);
     return;
   }
   const size_t call = next_call_[op]++;
-  const bool saved = cache_->is_saved(op, call);
+  const OpCache::Record record = cache_->record(op, call);
   if (decisions_ == RecomputeDecisions::AskPolicy) {
-    check_same_decision(op, call, saved, arguments_on(op, *stack));
+    check_same_decision(op, call, record.policy_saved, arguments_on(op, *stack));
   }
-  if (!saved) {
+  if (!record.cached) {
     dispatch::run_op(op, below, stack);
     return;
   }

@@ -12,8 +12,12 @@
 //     running the op, and runs the op otherwise. Autograd above both modes
 //     runs as usual, so the tensors it saves during recomputation match the
 //     forward's in number and order.
-// Non-cacheable ops (views, in-place ops, the ops PyTorch ignores) always run
-// and are never recorded.
+// Ops the policy does not decide about (see Policy::decides_about: views,
+// in-place ops, the ops PyTorch ignores, and for an op list every op not on
+// it) always run and are never recorded. That domain is the policy's alone,
+// not the dispatch layer's: under per-op kernels, another policy may make sac
+// intercept more ops after this region's forward ran, and the recomputation
+// must still replay the same calls.
 //
 // Random ops: a saved random op draws nothing when it is served, so its
 // generator is set to the state it had right after the op in forward;
@@ -21,7 +25,7 @@
 #pragma once
 
 #include <sac/cache/op_cache.h>
-#include <sac/checkpoint/context.h>
+#include <sac/region/context.h>
 #include <sac/dispatch/interceptor.h>
 #include <sac/policy/policy.h>
 

@@ -37,6 +37,7 @@ RegionContexts contexts_for(const CheckpointOptions& options) {
 struct CheckpointedCall::Active {
   std::shared_ptr<CheckpointFrame> frame;
   std::optional<SavedTensorHooksGuard> hooks;
+  std::optional<dispatch::ObserverGuard> watch;
   std::optional<ContextScope> context;
   std::optional<OpLogScope> log;
 };
@@ -52,11 +53,15 @@ CheckpointedCall::CheckpointedCall(const CheckpointOptions& options,
   config.debug_backtraces = options.debug_backtraces();
   config.determinism_check =
       options.determinism_check() == DeterminismCheck::Default;
+  config.outside_tensor_check = options.outside_tensor_check();
   auto frame = std::make_shared<CheckpointFrame>(
       config, std::move(recompute), contexts_for(options),
       ForwardState::capture(inputs, options.preserve_rng_state()));
   frame->save_inputs(inputs);
   active_->hooks.emplace(frame->forward_hooks());
+  if (auto* observer = frame->forward_observer()) {
+    active_->watch.emplace(observer);
+  }
   active_->context.emplace(frame->forward_context());
   frame->mark_forward_entered();
   if (config.debug) {

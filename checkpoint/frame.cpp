@@ -13,12 +13,25 @@
 namespace sac::detail {
 
 // Thrown by the recompute hooks once every holder is filled; caught by
-// recompute(). Deliberately not a std::exception, so that user code catching
-// std::exception inside the checkpointed function does not swallow it.
-struct StopRecomputation {};
+// recompute(). It must be a std::exception: when the checkpointed function
+// runs a backward of its own (torch::autograd::grad inside the region), the
+// hook throws from inside that nested backward, and the autograd engine
+// cleans up (and hands the exception to its caller) only for std::exception;
+// anything else unwinds past its bookkeeping and corrupts it. User code that
+// catches and swallows it gets it again at the next saved tensor.
+struct StopRecomputation final : std::exception {
+  const char* what() const noexcept override {
+    return "sac: recomputation stopped early (every saved tensor is "
+           "recomputed); this exception is internal to sac::checkpoint";
+  }
+};
 
 // One tensor saved in forward: what it is replaced with in the graph.
 struct Holder {
+  explicit Holder(const at::Tensor& packed) : packed_version(packed) {}
+  // Autograd checks a saved tensor's version when it is unpacked, but not
+  // when hooks hold it: this restores that check (see check_not_modified).
+  VersionWatch packed_version;
   struct Slot {
     at::Tensor value;
     bool unpacked = false;
@@ -41,9 +54,31 @@ class ForwardHooks final : public torch::autograd::SavedVariableHooks {
   void call_pack_hook(const at::Tensor& tensor) override {
     holder_ = frame_->add_holder(tensor);
   }
-  at::Tensor call_unpack_hook() override { return frame_->unpack(*holder_); }
+  at::Tensor call_unpack_hook() override {
+    check_not_modified();
+    return frame_->unpack(*holder_);
+  }
 
  private:
+  // Autograd's own check of a saved tensor, which it skips for tensors held
+  // by hooks. Without it, an enclosing region whose function modifies a
+  // nested region's argument in place recomputes from the modified value
+  // and gives silently wrong gradients.
+  void check_not_modified() const {
+    const VersionWatch& version = holder_->packed_version;
+    SAC_CHECKPOINT_CHECK(
+        !version.changed(),
+        "one of the variables needed for gradient computation has been "
+        "modified by an inplace operation: a tensor saved inside a "
+        "checkpointed region is at version ", version.current_version(),
+        "; expected version ", version.version(),
+        " instead. Autograd would raise this error without checkpointing too. "
+        "Inside a checkpointed region it usually means that the function "
+        "modifies a tensor in place after an op used it, often the argument "
+        "of a nested sac::checkpoint: clone the argument before modifying it "
+        "(a.add_(1) -> a = a + 1), or modify it outside the region.");
+  }
+
   std::shared_ptr<CheckpointFrame> frame_;
   std::shared_ptr<Holder> holder_;
 };
@@ -91,7 +126,11 @@ CheckpointFrame::CheckpointFrame(FrameConfig config, RecomputeFn recompute_fn,
     : config_(config),
       recompute_fn_(std::move(recompute_fn)),
       contexts_(std::move(contexts)),
-      forward_state_(std::move(forward_state)) {}
+      forward_state_(std::move(forward_state)) {
+  if (config_.outside_tensor_check) {
+    outside_tensors_ = std::make_unique<OutsideTensorWatch>();
+  }
+}
 
 CheckpointFrame::~CheckpointFrame() {
   if (!forward_entered_) {
@@ -118,7 +157,7 @@ SavedTensorHooksFactory CheckpointFrame::forward_hooks() {
 }
 
 std::shared_ptr<Holder> CheckpointFrame::add_holder(const at::Tensor& packed) {
-  auto holder = std::make_shared<Holder>();
+  auto holder = std::make_shared<Holder>(packed);
   holders_.push_back(holder);
   if (config_.determinism_check) {
     metadata_.push_back({packed.sizes().vec(), packed.scalar_type(), packed.device()});
@@ -159,8 +198,24 @@ at::Tensor CheckpointFrame::unpack_unchecked(Holder& holder) {
 void CheckpointFrame::recompute(int64_t graph_task) {
   std::vector<at::Tensor> inputs;
   inputs.reserve(saved_inputs_.size());
-  for (const auto& saved : saved_inputs_) {
-    inputs.push_back(saved.unpack());
+  for (const auto i : c10::irange(saved_inputs_.size())) {
+    try {
+      inputs.push_back(saved_inputs_[i].unpack());
+    } catch (const c10::Error& error) {
+      SAC_CHECKPOINT_CHECK(
+          false, "sac::checkpoint: tensor argument ", i,
+          " of the checkpointed function cannot be given to its "
+          "recomputation: ", error.what_without_backtrace(),
+          "\nsac::checkpoint keeps its tensor arguments as autograd keeps the "
+          "inputs it saves, so they must not be modified in place between the "
+          "checkpoint call and backward; the checkpointed function modifying "
+          "its own argument counts too. Pass a clone (sac::checkpoint(fn, "
+          "x.clone())), or move the modification out of the region.");
+    }
+  }
+  std::optional<dispatch::ObserverGuard> watch;
+  if (outside_tensors_) {
+    watch.emplace(outside_tensors_->recompute_observer());
   }
   SavedTensorHooksGuard hooks(
       [frame = weak_from_this(), graph_task] {
@@ -182,6 +237,9 @@ void CheckpointFrame::recompute(int64_t graph_task) {
 
 void CheckpointFrame::save_recomputed(int64_t graph_task, const at::Tensor& value) {
   PassState& pass = passes_[graph_task];
+  if (config_.early_stop && pass.saved >= holders_.size()) {
+    throw StopRecomputation{};  // the first one was caught by user code
+  }
   const size_t index = pass.saved++;
   if (index >= holders_.size()) {
     TORCH_INTERNAL_ASSERT(!config_.early_stop);

@@ -13,10 +13,11 @@
 #pragma once
 
 #include <sac/checkpoint/checkpoint.h>
-#include <sac/checkpoint/context.h>
 #include <sac/checkpoint/debug_log.h>
 #include <sac/checkpoint/device_state.h>
+#include <sac/checkpoint/outside_tensor_watch.h>
 #include <sac/checkpoint/saved_tensor_hooks.h>
+#include <sac/region/context.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -36,6 +37,7 @@ struct FrameConfig {
   bool determinism_check = true;
   bool debug = false;
   bool debug_backtraces = false;
+  bool outside_tensor_check = true;
 };
 
 struct Holder;
@@ -57,6 +59,10 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
   SavedTensorHooksFactory forward_hooks();
 
   RegionContext* forward_context() const { return contexts_.forward.get(); }
+  // What observes the forward's ops, or null (outside_tensor_check off).
+  dispatch::OpObserver* forward_observer() const {
+    return outside_tensors_ ? outside_tensors_->forward_observer() : nullptr;
+  }
   // The forward context was entered: from now on the contexts hold state for
   // this region, which the frame releases when it dies.
   void mark_forward_entered() { forward_entered_ = true; }
@@ -93,6 +99,7 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
   RecomputeFn recompute_fn_;
   RegionContexts contexts_;
   ForwardState forward_state_;
+  std::unique_ptr<OutsideTensorWatch> outside_tensors_;
   std::vector<torch::autograd::SavedVariable> saved_inputs_;
   std::vector<std::weak_ptr<Holder>> holders_;
   std::vector<TensorMetadata> metadata_;  // one per holder, with the check on

@@ -2,7 +2,7 @@
 #pragma once
 
 #include <sac/cache/selective_modes.h>
-#include <sac/checkpoint/context.h>
+#include <sac/region/context.h>
 #include <sac/policy/policy.h>
 
 #include <optional>
@@ -57,6 +57,16 @@ class CheckpointOptions {
     debug_backtraces_ = backtraces;
     return *this;
   }
+  // Check that the tensors the region reads but did not make (captured
+  // buffers, parameters, globals) still hold, when the recomputation reads
+  // them, the version the forward read: a modified one would silently change
+  // the gradients (see sac/checkpoint/outside_tensor_watch.h). Default true.
+  // It observes every op of the region's forward and recomputation; turn it
+  // off only for regions that never modify such tensors.
+  CheckpointOptions& outside_tensor_check(bool check) {
+    outside_tensor_check_ = check;
+    return *this;
+  }
   // Stop recomputing once every needed tensor is recomputed. Default true;
   // sac::EarlyStopGuard overrides it.
   CheckpointOptions& early_stop(bool early_stop) {
@@ -81,6 +91,7 @@ class CheckpointOptions {
   DeterminismCheck determinism_check() const { return determinism_check_; }
   bool debug() const { return debug_; }
   bool debug_backtraces() const { return debug_backtraces_; }
+  bool outside_tensor_check() const { return outside_tensor_check_; }
   bool early_stop() const { return early_stop_; }
   const std::optional<bool>& allow_cache_entry_mutation() const {
     return allow_cache_entry_mutation_;
@@ -96,6 +107,7 @@ class CheckpointOptions {
   DeterminismCheck determinism_check_ = DeterminismCheck::Default;
   bool debug_ = false;
   bool debug_backtraces_ = false;
+  bool outside_tensor_check_ = true;
   bool early_stop_ = true;
   std::optional<bool> allow_cache_entry_mutation_;
   std::optional<RecomputeDecisions> recompute_decisions_;

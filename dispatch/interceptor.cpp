@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <iterator>
+#include <optional>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -17,47 +19,60 @@ namespace {
 constexpr c10::DispatchKey kFallbackKey = c10::DispatchKey::Fake;
 constexpr c10::DispatchKey kPerOpKey = c10::DispatchKey::ADInplaceOrView;
 
-thread_local OpInterceptor* tls_interceptor = nullptr;
+// The thread's interception state. `observing` caches "observers is not
+// empty and not suspended", so the hot path reads one struct.
+struct ThreadState {
+  OpInterceptor* interceptor = nullptr;
+  bool observing = false;
+};
+thread_local ThreadState tls_state;
+thread_local std::vector<OpObserver*> tls_observers;
 
 // Set once sac's own fallback is registered on kFallbackKey.
 std::atomic<bool> our_fallback_registered{false};
 
-// The thread's interception state is the active interceptor and whether the
-// fallback key is in the thread's included key set. Both change together,
-// and the key set is written only when it changes (this runs per op).
-InterceptorToken swap_thread_state(OpInterceptor* interceptor,
-                                   bool include_fallback_key) {
-  InterceptorToken previous{
-      std::exchange(tls_interceptor, interceptor),
-      c10::impl::tls_is_dispatch_key_included(kFallbackKey)};
-  if (previous.fallback_key_was_included != include_fallback_key) {
-    c10::impl::tls_set_dispatch_key_included(kFallbackKey, include_fallback_key);
-  }
-  return previous;
-}
-
-// `fallback_key_included_now`: what the caller knows of the key set, which
-// saves the suspension path a read per op.
-void restore_thread_state(const InterceptorToken& token,
-                          bool fallback_key_included_now) {
-  tls_interceptor = token.previous;
-  if (fallback_key_included_now != token.fallback_key_was_included) {
-    c10::impl::tls_set_dispatch_key_included(kFallbackKey,
-                                             token.fallback_key_was_included);
+// The fallback key is in the thread's included key set exactly while
+// something on the thread wants to see ops and the fallback mechanism is in
+// use. The key set is written only when that changes (this runs per op);
+// `included_now` is what the caller knows of it, or nullopt to read it.
+void sync_fallback_key(const ThreadState& state, std::optional<bool> included_now) {
+  const bool wanted =
+      our_fallback_registered.load(std::memory_order_relaxed) &&
+      (state.interceptor != nullptr || state.observing);
+  const bool included = included_now.has_value()
+                            ? *included_now
+                            : c10::impl::tls_is_dispatch_key_included(kFallbackKey);
+  if (included != wanted) {
+    c10::impl::tls_set_dispatch_key_included(kFallbackKey, wanted);
   }
 }
 
-// Hides the active interceptor (and the fallback key) while it handles an op,
-// so that the ops it runs are not intercepted again.
+// Hides the active interceptor and the observers (and the fallback key)
+// while they handle an op, so that the ops they run, and the ops the real
+// kernel runs inside, are not intercepted again.
 class SuspendInterception {
  public:
-  SuspendInterception() : saved_(swap_thread_state(nullptr, false)) {}
-  ~SuspendInterception() { restore_thread_state(saved_, false); }
+  explicit SuspendInterception(bool fallback_key_included)
+      : saved_(std::exchange(tls_state, ThreadState{})),
+        fallback_key_included_(fallback_key_included) {
+    if (fallback_key_included_) {
+      c10::impl::tls_set_dispatch_key_included(kFallbackKey, false);
+    }
+  }
+  ~SuspendInterception() {
+    tls_state = saved_;
+    if (fallback_key_included_) {
+      c10::impl::tls_set_dispatch_key_included(kFallbackKey, true);
+    }
+  }
   SuspendInterception(const SuspendInterception&) = delete;
   SuspendInterception& operator=(const SuspendInterception&) = delete;
 
+  const ThreadState& saved() const { return saved_; }
+
  private:
-  InterceptorToken saved_;
+  ThreadState saved_;
+  bool fallback_key_included_;
 };
 
 // The one boxed kernel, placed at `Key` by either mechanism.
@@ -66,13 +81,31 @@ void intercepting_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                          torch::jit::Stack* stack) {
   const c10::DispatchKeySet below =
       ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, Key);
-  OpInterceptor* interceptor = tls_interceptor;
-  if (interceptor == nullptr) {
+  const ThreadState state = tls_state;
+  if (state.interceptor == nullptr && !state.observing) {
     op.redispatchBoxed(below, stack);
     return;
   }
-  SuspendInterception suspend;
-  interceptor->intercept(op, below, stack);
+  // Reaching the fallback means the key is included; per-op kernels run with
+  // it excluded (sac includes it only under the fallback mechanism).
+  SuspendInterception suspend(/*fallback_key_included=*/Key == kFallbackKey);
+  if (state.observing) {
+    const auto args = torch::jit::last(*stack, op.schema().arguments().size());
+    for (OpObserver* observer : tls_observers) {
+      observer->before_op(op, args);
+    }
+  }
+  if (state.interceptor != nullptr) {
+    state.interceptor->intercept(op, below, stack);
+  } else {
+    op.redispatchBoxed(below, stack);
+  }
+  if (state.observing) {
+    const auto outputs = torch::jit::last(*stack, op.schema().returns().size());
+    for (OpObserver* observer : tls_observers) {
+      observer->after_op(op, outputs);
+    }
+  }
 }
 
 // Remembers ops defined after a filter was installed; they are registered
@@ -359,16 +392,34 @@ void intercept_ops_matching(OpFilter filter) {
 }
 
 InterceptorToken push_interceptor(OpInterceptor* interceptor) {
-  const bool fallback = Registry::get().activate() == Mechanism::FallbackKey;
-  return swap_thread_state(
-      interceptor, fallback ? interceptor != nullptr
-                            : c10::impl::tls_is_dispatch_key_included(kFallbackKey));
+  Registry::get().activate();
+  InterceptorToken token{std::exchange(tls_state.interceptor, interceptor)};
+  sync_fallback_key(tls_state, std::nullopt);
+  return token;
 }
 
 void pop_interceptor(const InterceptorToken& token) {
-  restore_thread_state(token, c10::impl::tls_is_dispatch_key_included(kFallbackKey));
+  tls_state.interceptor = token.previous;
+  sync_fallback_key(tls_state, std::nullopt);
 }
 
-OpInterceptor* active_interceptor() { return tls_interceptor; }
+void add_observer(OpObserver* observer) {
+  TORCH_INTERNAL_ASSERT(observer != nullptr);
+  Registry::get().activate();
+  tls_observers.push_back(observer);
+  tls_state.observing = true;
+  sync_fallback_key(tls_state, std::nullopt);
+}
+
+void remove_observer(OpObserver* observer) {
+  auto it = std::find(tls_observers.rbegin(), tls_observers.rend(), observer);
+  TORCH_INTERNAL_ASSERT(it != tls_observers.rend(),
+                        "sac: removing an op observer that is not active on this thread");
+  tls_observers.erase(std::next(it).base());
+  tls_state.observing = !tls_observers.empty();
+  sync_fallback_key(tls_state, std::nullopt);
+}
+
+OpInterceptor* active_interceptor() { return tls_state.interceptor; }
 
 }  // namespace sac::dispatch

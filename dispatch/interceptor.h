@@ -25,10 +25,10 @@
 // sac never replaces or shadows a kernel LibTorch registered: where that would
 // be needed, it throws instead.
 //
-// While an interceptor runs, interception is suspended on its thread: ops the
-// interceptor (or the real kernel it redispatches to) calls are not
-// intercepted again. With no interceptor active on a thread, an intercepting
-// kernel costs one thread-local load and a redispatch.
+// While an interceptor or observer runs, interception is suspended on its
+// thread: ops it (or the real kernel it redispatches to) calls are not
+// intercepted again. With nothing active on a thread, an intercepting kernel
+// costs one thread-local load and a redispatch.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -97,10 +97,45 @@ void intercept_ops(c10::ArrayRef<c10::OperatorHandle> ops);
 using OpFilter = bool (*)(const c10::OperatorHandle& op);
 void intercept_ops_matching(OpFilter filter);
 
+// Sees every op intercepted on its thread while it is added, whichever
+// interceptor (if any) handles it: all observers of a thread see each op, in
+// the order they were added. Observers only look; they must not change the
+// stack. Ops they run themselves are not intercepted.
+//
+// Under `PerOpKernels`, an observer sees only the ops that have an
+// intercepting kernel (see intercept_ops_matching): never views, in-place or
+// out= ops, which keep LibTorch's own ADInplaceOrView kernel.
+class OpObserver {
+ public:
+  virtual ~OpObserver() = default;
+  // Before the op runs (or is served by the interceptor): its arguments.
+  virtual void before_op(const c10::OperatorHandle& op,
+                         c10::ArrayRef<c10::IValue> args) = 0;
+  // After it returned normally: its outputs.
+  virtual void after_op(const c10::OperatorHandle& op,
+                        c10::ArrayRef<c10::IValue> outputs) = 0;
+};
+
+// Adds `observer` on this thread / removes it. Prefer `ObserverGuard`.
+void add_observer(OpObserver* observer);
+void remove_observer(OpObserver* observer);
+
+class ObserverGuard {
+ public:
+  explicit ObserverGuard(OpObserver* observer) : observer_(observer) {
+    add_observer(observer_);
+  }
+  ~ObserverGuard() { remove_observer(observer_); }
+  ObserverGuard(const ObserverGuard&) = delete;
+  ObserverGuard& operator=(const ObserverGuard&) = delete;
+
+ private:
+  OpObserver* observer_;
+};
+
 // What `push_interceptor` replaced; give it back to `pop_interceptor`.
 struct InterceptorToken {
   OpInterceptor* previous = nullptr;
-  bool fallback_key_was_included = false;
 };
 
 // Makes `interceptor` the active one on this thread (it replaces, and hides,

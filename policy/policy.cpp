@@ -85,6 +85,13 @@ Policy Policy::from_fn(BoolFn fn) {
   }));
 }
 
+bool Policy::decides_about(const c10::OperatorHandle& op) const {
+  if (impl_->fn) {
+    return policy::is_cacheable(op);
+  }
+  return std::find(impl_->ops.begin(), impl_->ops.end(), op) != impl_->ops.end();
+}
+
 CheckpointPolicy Policy::decide(const SelectiveCheckpointContext& ctx,
                                 const c10::OperatorHandle& op,
                                 c10::ArrayRef<c10::IValue> args) const {

@@ -41,7 +41,13 @@ class Policy {
   // As above; true means MustSave and false PreferRecompute.
   static Policy from_fn(BoolFn fn);
 
-  // The decision for one op call. `op` must be cacheable.
+  // Whether this policy is asked about `op` at all: the listed ops for
+  // save_ops, every cacheable op (sac/policy/op_traits.h) for a callback.
+  // Both passes of a region consult it, so they record and replay the same
+  // calls whatever else sac intercepts.
+  bool decides_about(const c10::OperatorHandle& op) const;
+
+  // The decision for one op call. `decides_about(op)` must hold.
   CheckpointPolicy decide(const SelectiveCheckpointContext& ctx,
                           const c10::OperatorHandle& op,
                           c10::ArrayRef<c10::IValue> args) const;

@@ -1,5 +1,10 @@
 // The contexts a checkpointed region runs under: the contract of `context_fn`.
 //
+// This folder (sac/region/) holds what both sides of that contract stand on:
+// the checkpoint (sac/checkpoint/) enters contexts without knowing what they
+// do, and the selective modes (sac/cache/) are contexts without knowing what
+// a checkpoint frame is.
+//
 // A checkpoint runs its function once under a *forward* context and, during
 // backward, again under a *recompute* context (PyTorch's `context_fn` returns
 // the same pair of context managers). sac's selective-checkpointing modes are

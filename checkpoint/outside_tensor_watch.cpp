@@ -1,0 +1,99 @@
+#include <sac/checkpoint/outside_tensor_watch.h>
+
+#include <sac/checkpoint/error.h>
+#include <sac/dispatch/boxed.h>
+#include <sac/policy/op_traits.h>
+
+namespace sac::detail {
+namespace {
+
+// Whether `op` writes argument `index` (in-place and out= arguments).
+bool writes(const c10::OperatorHandle& op, size_t index) {
+  const auto* alias = op.schema().arguments()[index].alias_info();
+  return alias != nullptr && alias->isWrite();
+}
+
+// Whether `op`'s outputs are new tensors (not views or written arguments).
+bool makes_new_tensors(const c10::OperatorHandle& op) {
+  for (const auto& ret : op.schema().returns()) {
+    if (ret.alias_info() != nullptr) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+// Calls `f(index, tensor)` for each tensor that `op` reads in `args`.
+template <class F>
+void for_each_read(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                   F&& f) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!writes(op, i)) {
+      dispatch::for_each_tensor(args[i], [&](const at::Tensor& t) { f(i, t); });
+    }
+  }
+}
+
+OutsideTensorWatch::OutsideTensorWatch() {
+  // Every op that reaches below autograd and is not a view or in-place op:
+  // exactly the ops a policy callback may be asked about.
+  dispatch::intercept_ops_matching(&policy::is_cacheable);
+}
+
+void OutsideTensorWatch::Recorder::before_op(const c10::OperatorHandle& op,
+                                             c10::ArrayRef<c10::IValue> args) {
+  for_each_read(op, args, [&](size_t, const at::Tensor& t) {
+    const VersionWatch watch(t);
+    // Inference tensors have no counter, and cannot be modified in place.
+    if (watch.identity() != nullptr) {
+      watch_.seen_.try_emplace(watch.identity(), Seen{watch, /*made_inside=*/false});
+    }
+  });
+}
+
+void OutsideTensorWatch::Recorder::after_op(const c10::OperatorHandle& op,
+                                            c10::ArrayRef<c10::IValue> outputs) {
+  if (!makes_new_tensors(op)) {
+    return;  // a view or an in-place op: its output's counter is its input's
+  }
+  for (const auto& output : outputs) {
+    dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
+      const VersionWatch watch(t);
+      if (watch.identity() != nullptr) {
+        watch_.seen_.try_emplace(watch.identity(), Seen{watch, /*made_inside=*/true});
+      }
+    });
+  }
+}
+
+void OutsideTensorWatch::Checker::before_op(const c10::OperatorHandle& op,
+                                            c10::ArrayRef<c10::IValue> args) {
+  for_each_read(op, args, [&](size_t arg, const at::Tensor& t) {
+    const auto it = watch_.seen_.find(
+        version_counter_identity(t.unsafeGetTensorImpl()->version_counter()));
+    if (it == watch_.seen_.end() || it->second.made_inside) {
+      return;
+    }
+    const VersionWatch& read = it->second.first_read;
+    SAC_CHECKPOINT_CHECK(
+        !read.changed(),
+        "sac::checkpoint: the recomputation reads a tensor that the "
+        "checkpointed region did not make (argument '",
+        op.schema().arguments()[arg].name(), "' of ", op.operator_name(),
+        ", shape ", t.sizes(),
+        ": a captured tensor, a module's buffer or parameter, a global), and "
+        "it was modified in place after the forward read it (version ",
+        read.version(), " when read, ", read.current_version(),
+        " now). The recomputation would read the modified value and give "
+        "wrong gradients. Do not modify such a tensor in place inside the "
+        "region after an op used it, nor between forward and backward: modify "
+        "a clone, pass the tensor as an argument of sac::checkpoint (arguments "
+        "are saved and checked like autograd's inputs), or move the "
+        "modification out of the region. If the change cannot affect the "
+        "result, turn this check off with .outside_tensor_check(false).");
+  });
+}
+
+}  // namespace sac::detail

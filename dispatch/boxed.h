@@ -1,0 +1,43 @@
+// Reading an op's boxed arguments and outputs, for the code that handles
+// intercepted ops.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+namespace sac::dispatch {
+
+// The arguments of `op` on `stack`, before it runs.
+inline c10::ArrayRef<c10::IValue> arguments_on(const c10::OperatorHandle& op,
+                                               const torch::jit::Stack& stack) {
+  return torch::jit::last(stack, op.schema().arguments().size());
+}
+
+// The outputs of `op` on `stack`, after it ran.
+inline c10::ArrayRef<c10::IValue> outputs_on(const c10::OperatorHandle& op,
+                                             const torch::jit::Stack& stack) {
+  return torch::jit::last(stack, op.schema().returns().size());
+}
+
+// Calls `f` on each defined tensor in `value` (a tensor, an optional
+// tensor, or a list of them, nested), in order.
+template <class F>
+void for_each_tensor(const c10::IValue& value, F&& f) {
+  if (value.isTensor()) {
+    if (value.toTensor().defined()) {
+      f(value.toTensor());
+    }
+  } else if (value.isTensorList()) {
+    for (const at::Tensor& t : value.toTensorList()) {
+      if (t.defined()) {
+        f(t);
+      }
+    }
+  } else if (value.isList()) {
+    for (const c10::IValue& element : value.toListRef()) {
+      for_each_tensor(element, f);
+    }
+  }
+}
+
+}  // namespace sac::dispatch

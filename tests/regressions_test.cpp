@@ -1,0 +1,312 @@
+// Regressions: each test is a complete program that once gave wrong
+// gradients, crashed, or failed in ordinary use (issue 5), run under both
+// dispatch mechanisms by ctest. Each says what it once did.
+#include "support.h"
+
+#include <atomic>
+
+namespace {
+
+using sac_test::error_of;
+using sac_test::expect_bit_identical;
+using sac_test::run_and_grad;
+
+class Regressions : public ::testing::Test {
+ protected:
+  void SetUp() override { sac_test::expect_configured_mechanism(); }
+};
+
+sac::CheckpointOptions saving(const std::vector<std::string>& ops) {
+  return sac::CheckpointOptions().policy(sac::Policy::save_ops(ops));
+}
+
+sac::Policy save_everything() {
+  return sac::Policy::from_fn([](const sac::SelectiveCheckpointContext&,
+                                 const c10::OperatorHandle&,
+                                 c10::ArrayRef<c10::IValue>) { return true; });
+}
+
+// 1. LibTorch's Linear on 3-D input runs mm, _unsafe_view, then adds its bias
+// in place. With both mm and _unsafe_view saved, the in-place add reached the
+// cached mm output without demoting it under per-op kernels, and the
+// recomputation added the bias twice (weight gradient off by up to 4.7).
+TEST_F(Regressions, Linear3dSavingMmAndUnsafeViewDoesNotAddTheBiasTwice) {
+  torch::manual_seed(0);
+  torch::nn::Linear lin(4, 5);
+  auto x = torch::randn({3, 2, 4}, torch::requires_grad());
+  auto f = [&](const at::Tensor& a) { return lin->forward(a.transpose(0, 1)).exp(); };
+  const std::vector<at::Tensor> params{lin->weight, lin->bias};
+  const auto expected = run_and_grad([&] { return f(x); }, {x}, params);
+  const auto actual = run_and_grad(
+      [&] { return sac::checkpoint(saving({"aten::mm", "aten::_unsafe_view"}), f, x); },
+      {x}, params);
+  expect_bit_identical(expected, actual);
+}
+
+TEST_F(Regressions, Linear3dUnderSaveEverythingCallback) {
+  torch::manual_seed(0);
+  torch::nn::Linear qkv(8, 24);
+  auto x = torch::randn({2, 5, 8}, torch::requires_grad());
+  auto f = [&](const at::Tensor& a) {
+    auto h = qkv(a);
+    return h * h;
+  };
+  const std::vector<at::Tensor> params{qkv->weight, qkv->bias};
+  const auto expected = run_and_grad([&] { return f(x); }, {x}, params);
+  const auto actual = run_and_grad(
+      [&] {
+        return sac::checkpoint(sac::CheckpointOptions().policy(save_everything()), f, x);
+      },
+      {x}, params);
+  expect_bit_identical(expected, actual);
+}
+
+// 2. A nested checkpoint whose function modifies its argument in place. The
+// outer region's holders carried no version check, so the inner region was
+// recomputed from the modified argument (wrong gradient, as in PyTorch 2.13).
+// Now it is autograd's own error, as at top level.
+TEST_F(Regressions, NestedRegionModifyingItsArgumentIsAutogradsError) {
+  torch::manual_seed(0);
+  auto w = torch::randn({4, 4}, torch::requires_grad());
+  auto x = torch::randn({4, 4}, torch::requires_grad());
+  auto inner = [&](const at::Tensor& a) {
+    a.add_(1);
+    return a * w;
+  };
+  auto outer = [&](const at::Tensor& in) { return sac::checkpoint(inner, in * 2).sin(); };
+  for (const bool selective : {false, true}) {
+    SCOPED_TRACE(selective ? "selective" : "full recompute");
+    auto options = selective ? saving({"aten::mul.Tensor"}) : sac::CheckpointOptions();
+    const std::string message = error_of([&] {
+      auto y = sac::checkpoint(options, outer, x);
+      torch::autograd::grad({y.sum()}, {w});
+    });
+    EXPECT_NE(message.find("modified by an inplace operation"), std::string::npos)
+        << message;
+    EXPECT_NE(message.find("nested sac::checkpoint"), std::string::npos) << message;
+  }
+  // At top level the same function gets the same kind of error.
+  const std::string top = error_of([&] {
+    auto y = sac::checkpoint(inner, x * 2).sin();
+    torch::autograd::grad({y.sum()}, {w});
+  });
+  EXPECT_NE(top.find("modified by an inplace operation"), std::string::npos) << top;
+  EXPECT_NE(top.find("sac::checkpoint keeps its tensor arguments"), std::string::npos)
+      << top;
+}
+
+// The holders' version check must not fire where autograd's would not: a
+// nested region whose argument is modified in place *before* it is saved.
+TEST_F(Regressions, NestedRegionOnAFreshlyModifiedTensorIsExact) {
+  torch::manual_seed(0);
+  auto w = torch::randn({4, 4}, torch::requires_grad());
+  auto x = torch::randn({4, 4}, torch::requires_grad());
+  auto inner = [&](const at::Tensor& a) { return (a * w).tanh(); };
+  auto outer = [&](const at::Tensor& in) {
+    auto h = in * 2;
+    h.add_(1);
+    return sac::checkpoint(inner, h).sin();
+  };
+  const auto expected = run_and_grad([&] { return outer(x); }, {x}, {w});
+  const auto actual = run_and_grad([&] { return sac::checkpoint(outer, x); }, {x}, {w});
+  expect_bit_identical(expected, actual);
+}
+
+// 3. A tensor the region reads but did not make (a buffer), modified in place
+// after the read: the recomputation read the modified buffer (wrong
+// gradient, as in PyTorch). Now a clear error, in the region and between
+// forward and backward, under every policy.
+TEST_F(Regressions, OutsideTensorModifiedAfterTheReadIsAnError) {
+  torch::manual_seed(0);
+  auto a = torch::randn({3, 3}, torch::requires_grad());
+  for (const bool selective : {false, true}) {
+    SCOPED_TRACE(selective ? "selective" : "full recompute");
+    auto options = selective ? saving({"aten::mm"}) : sac::CheckpointOptions();
+    auto buf = torch::randn({3, 3});
+    auto inside = [&](const at::Tensor& in) {
+      auto y = (in + buf).sin();
+      buf.mul_(0.5);
+      return y;
+    };
+    std::string message = error_of<sac::CheckpointError>([&] {
+      auto y = sac::checkpoint(options, inside, a);
+      torch::autograd::grad({y.sum()}, {a});
+    });
+    EXPECT_NE(message.find("was modified in place after the forward read it"),
+              std::string::npos)
+        << message;
+    EXPECT_NE(message.find("aten::add"), std::string::npos) << message;
+
+    auto between = [&](const at::Tensor& in) { return (in + buf).sin(); };
+    message = error_of<sac::CheckpointError>([&] {
+      auto y = sac::checkpoint(options, between, a);
+      buf.mul_(0.5);
+      torch::autograd::grad({y.sum()}, {a});
+    });
+    EXPECT_NE(message.find("was modified in place after the forward read it"),
+              std::string::npos)
+        << message;
+  }
+}
+
+// What the watch must not flag: a buffer only written by the region (running
+// statistics), a buffer modified before the region, the region's own
+// intermediates modified in place, and a BatchNorm module (its running
+// statistics are written by the op that reads the batch).
+TEST_F(Regressions, OutsideTensorsThatDoNotChangeTheResultAreAccepted) {
+  torch::manual_seed(0);
+  auto a = torch::randn({4, 3}, torch::requires_grad());
+  auto counter = torch::zeros({1});
+  auto buf = torch::randn({4, 3});
+  buf.mul_(2);  // before the region: fine
+  auto f = [&](const at::Tensor& in) {
+    counter.add_(1);  // written, never read
+    auto h = in * buf;
+    h.add_(1);  // the region's own tensor
+    return h.exp();
+  };
+  const auto expected = run_and_grad([&] { return f(a); }, {a}, {});
+  const auto actual = run_and_grad([&] { return sac::checkpoint(f, a); }, {a}, {});
+  expect_bit_identical(expected, actual);
+
+  torch::nn::BatchNorm1d bn(3);
+  auto g = [&](const at::Tensor& in) { return bn(in).tanh(); };
+  const auto bn_expected = run_and_grad([&] { return g(a); }, {a}, {bn->weight, bn->bias});
+  const auto bn_actual = run_and_grad(
+      [&] { return sac::checkpoint(saving({"aten::native_batch_norm"}), g, a); }, {a},
+      {bn->weight, bn->bias});
+  expect_bit_identical(bn_expected, bn_actual);
+}
+
+TEST_F(Regressions, OutsideTensorCheckCanBeTurnedOff) {
+  torch::manual_seed(0);
+  auto a = torch::randn({3, 3}, torch::requires_grad());
+  auto buf = torch::randn({3, 3});
+  auto f = [&](const at::Tensor& in) { return (in + buf).sin(); };  // buf not saved
+  const auto expected = torch::autograd::grad({f(a).sum()}, {a})[0];
+  auto y = sac::checkpoint(sac::CheckpointOptions().outside_tensor_check(false), f, a);
+  buf.mul_(1.0);  // a new version, the same values: the user knows better
+  at::Tensor g;
+  EXPECT_NO_THROW(g = torch::autograd::grad({y.sum()}, {a})[0]);
+  EXPECT_TRUE(torch::equal(g, expected));
+}
+
+// 4. Full recompute with torch::autograd::grad(create_graph) inside the
+// function: early stop threw a non-std::exception out of a pack hook through
+// the autograd engine, which leaked its reentrant depth each time: correct
+// for ~60 iterations, then SIGSEGV in Engine::add_thread_pool_task.
+TEST_F(Regressions, GradWithCreateGraphInsideTheRegionOverManyIterations) {
+  torch::manual_seed(0);
+  auto x = torch::randn({5}, torch::requires_grad());
+  auto f = [](const at::Tensor& a) {
+    return torch::autograd::grad({a.exp().sum()}, {a}, {}, true, /*create_graph=*/true)[0];
+  };
+  const auto expected = torch::autograd::grad({f(x).pow(2).sum()}, {x})[0];
+  for (const bool early_stop : {true, false}) {
+    for (int i = 0; i < 200; ++i) {
+      auto y = sac::checkpoint(sac::CheckpointOptions().early_stop(early_stop), f, x);
+      const auto g = torch::autograd::grad({y.pow(2).sum()}, {x})[0];
+      ASSERT_TRUE(torch::equal(g, expected)) << "iteration " << i;
+    }
+  }
+}
+
+// User code inside the function that catches std::exception does not stop
+// early stop: it is thrown again at the next saved tensor.
+TEST_F(Regressions, EarlyStopSurvivesUserCodeCatchingStdException) {
+  torch::manual_seed(0);
+  auto x = torch::randn({4}, torch::requires_grad());
+  int swallowed = 0;
+  auto f = [&](const at::Tensor& a) {
+    at::Tensor h;
+    try {
+      // In recomputation the last holder is filled by cos: early stop throws.
+      h = (a.sin().exp() * 3).tanh() + a.cos();
+    } catch (const std::exception&) {
+      ++swallowed;
+      h = a.sin();  // saves a tensor: early stop throws again, past the catch
+    }
+    return h;
+  };
+  const auto expected = run_and_grad([&] { return f(x); }, {x}, {});
+  const auto actual = run_and_grad([&] { return sac::checkpoint(f, x); }, {x}, {});
+  expect_bit_identical(expected, actual);
+  EXPECT_EQ(swallowed, 1);
+}
+
+// 5. Under per-op kernels, a second policy registered kernels for ops the
+// first region had already run unintercepted, and the first region's
+// recomputation failed ("aten::exp ran during recomputation but never in the
+// checkpointed forward"). The fallback key was fine.
+TEST_F(Regressions, TwoRegionsWithDifferentPoliciesInOneStep) {
+  torch::manual_seed(0);
+  auto x = torch::randn({6, 6}, torch::requires_grad());
+  auto f = [](const at::Tensor& a) { return a.mm(a).exp(); };
+  const auto expected = torch::autograd::grad({f(x).sum() + f(x).sum()}, {x})[0];
+  auto y1 = sac::checkpoint(saving({"aten::mm"}), f, x);
+  auto y2 = sac::checkpoint(saving({"aten::exp"}), f, x);
+  const auto g = torch::autograd::grad({y1.sum() + y2.sum()}, {x})[0];
+  EXPECT_TRUE(torch::equal(g, expected));
+}
+
+TEST_F(Regressions, CallbackPolicyCreatedAfterARegionRan) {
+  torch::manual_seed(0);
+  auto x = torch::randn({6, 6}, torch::requires_grad());
+  auto f = [](const at::Tensor& a) { return a.mm(a).sigmoid().mm(a).log_softmax(1); };
+  const auto expected = torch::autograd::grad({f(x).sum()}, {x})[0];
+  auto y = sac::checkpoint(saving({"aten::mm"}), f, x);
+  // A callback made now intercepts every op under per-op kernels.
+  std::atomic<int> asked{0};
+  auto later = sac::Policy::from_fn([&](const sac::SelectiveCheckpointContext&,
+                                        const c10::OperatorHandle&,
+                                        c10::ArrayRef<c10::IValue>) {
+    ++asked;
+    return false;
+  });
+  auto z = sac::checkpoint(sac::CheckpointOptions().policy(later), f, x);
+  const auto g = torch::autograd::grad({y.sum()}, {x})[0];
+  EXPECT_TRUE(torch::equal(g, expected));
+  const auto gz = torch::autograd::grad({z.sum()}, {x})[0];
+  EXPECT_TRUE(torch::equal(gz, expected));
+  EXPECT_GT(asked.load(), 0);
+}
+
+// 6. With RecomputeDecisions::AskPolicy, a saved output modified in place in
+// the forward is demoted to recompute; the recomputation then blamed the
+// policy ("decided recompute ... but MustSave when asked again").
+TEST_F(Regressions, AskPolicyAfterADemotedCallIsNotThePolicysFault) {
+  torch::manual_seed(0);
+  auto a = torch::randn({4, 4}, torch::requires_grad());
+  auto b = torch::randn({4, 4}, torch::requires_grad());
+  auto f = [](const at::Tensor& p, const at::Tensor& q) {
+    auto y = p.mm(q);
+    y.mul_(2);
+    return y.sin();
+  };
+  const auto expected = run_and_grad([&] { return f(a, b); }, {a, b}, {});
+  const auto actual = run_and_grad(
+      [&] {
+        return sac::checkpoint(saving({"aten::mm"}).recompute_decisions(
+                                   sac::RecomputeDecisions::AskPolicy),
+                               f, a, b);
+      },
+      {a, b}, {});
+  expect_bit_identical(expected, actual);
+}
+
+// Errors a user meets through no fault of sac say what they mean for a
+// checkpointed region.
+TEST_F(Regressions, RetainGraphThroughASelectiveRegionSaysWhatToDo) {
+  torch::manual_seed(0);
+  auto x = torch::randn({4, 4}, torch::requires_grad());
+  auto y = sac::checkpoint(saving({"aten::mm"}), [](const at::Tensor& a) {
+    return a.mm(a).tanh();
+  }, x);
+  torch::autograd::grad({y.sum()}, {x}, {}, /*retain_graph=*/true);
+  const std::string message =
+      error_of([&] { torch::autograd::grad({y.sum()}, {x}); });
+  EXPECT_NE(message.find("backward an extra time"), std::string::npos) << message;
+  EXPECT_NE(message.find("without a policy"), std::string::npos) << message;
+}
+
+}  // namespace
