@@ -42,14 +42,19 @@ OutsideTensorWatch::OutsideTensorWatch() {
   dispatch::intercept_ops_matching(&policy::is_cacheable);
 }
 
+void OutsideTensorWatch::note(const at::Tensor& t, bool made_inside) {
+  const void* identity =
+      version_counter_identity(t.unsafeGetTensorImpl()->version_counter());
+  // Inference tensors have no counter, and cannot be modified in place.
+  if (identity != nullptr && seen_.find(identity) == seen_.end()) {
+    seen_.emplace(identity, Seen{VersionWatch(t), made_inside});
+  }
+}
+
 void OutsideTensorWatch::Recorder::before_op(const c10::OperatorHandle& op,
                                              c10::ArrayRef<c10::IValue> args) {
   for_each_read(op, args, [&](size_t, const at::Tensor& t) {
-    const VersionWatch watch(t);
-    // Inference tensors have no counter, and cannot be modified in place.
-    if (watch.identity() != nullptr) {
-      watch_.seen_.try_emplace(watch.identity(), Seen{watch, /*made_inside=*/false});
-    }
+    watch_.note(t, /*made_inside=*/false);
   });
 }
 
@@ -59,12 +64,8 @@ void OutsideTensorWatch::Recorder::after_op(const c10::OperatorHandle& op,
     return;  // a view or an in-place op: its output's counter is its input's
   }
   for (const auto& output : outputs) {
-    dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
-      const VersionWatch watch(t);
-      if (watch.identity() != nullptr) {
-        watch_.seen_.try_emplace(watch.identity(), Seen{watch, /*made_inside=*/true});
-      }
-    });
+    dispatch::for_each_tensor(
+        output, [&](const at::Tensor& t) { watch_.note(t, /*made_inside=*/true); });
   }
 }
 

@@ -67,6 +67,9 @@ class OutsideTensorWatch {
     const OutsideTensorWatch& watch_;
   };
 
+  // Notes `t` the first time its version counter is seen.
+  void note(const at::Tensor& t, bool made_inside);
+
   std::unordered_map<const void*, Seen> seen_;  // by version counter identity
   Recorder recorder_{*this};
   Checker checker_{*this};
