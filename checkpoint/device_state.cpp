@@ -13,9 +13,14 @@ at::Generator snapshot(at::Generator generator) {
   return generator.clone();
 }
 
-void set_state(at::Generator live, const at::Generator& saved) {
-  // get_state() of the clone, not of the live generator: no lock order issue.
-  at::Tensor state = saved.get_state();
+// A generator's state as a tensor (allocates).
+at::Tensor state_of(at::Generator generator) {
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+// Sets a state taken by state_of (allocates nothing, so a destructor may).
+void set_state(at::Generator live, const at::Tensor& state) {
   std::lock_guard<std::mutex> lock(live.mutex());
   live.set_state(state);
 }
@@ -73,9 +78,15 @@ ForwardState ForwardState::capture(const std::vector<at::Tensor>& inputs,
 
 ForwardState::Restore::Restore(const ForwardState& state)
     : autocast_cache_enabled_(at::autocast::is_autocast_cache_enabled()) {
+  // Everything that allocates comes first: a failure then leaves every
+  // generator as it was, and the destructor allocates nothing.
+  std::vector<at::Tensor> forward_states;
   for (const auto& [live, saved] : state.generators_) {
-    generators_.emplace_back(live, snapshot(live));
-    set_state(live, saved);
+    previous_generators_.emplace_back(live, state_of(live));
+    forward_states.push_back(state_of(saved));
+  }
+  for (size_t i = 0; i < forward_states.size(); ++i) {
+    set_state(previous_generators_[i].first, forward_states[i]);
   }
   for (const auto& forward : state.autocast_) {
     autocast_.push_back({forward.device_type,
@@ -98,8 +109,8 @@ ForwardState::Restore::~Restore() {
     at::autocast::set_autocast_enabled(it->device_type, it->enabled);
     at::autocast::set_autocast_dtype(it->device_type, it->dtype);
   }
-  for (const auto& [live, saved] : generators_) {
-    set_state(live, saved);
+  for (const auto& [live, previous] : previous_generators_) {
+    set_state(live, previous);
   }
 }
 

@@ -41,8 +41,8 @@ class ForwardState {
     Restore& operator=(const Restore&) = delete;
 
    private:
-    // What was current before, to put back.
-    std::vector<GeneratorState> generators_;
+    // What was current before, to put back: each generator and its state.
+    std::vector<std::pair<at::Generator, at::Tensor>> previous_generators_;
     std::vector<AutocastSetting> autocast_;
     bool autocast_cache_enabled_;
   };

@@ -1,13 +1,14 @@
 #include <sac/dispatch/interceptor.h>
 
+#include <sac/dispatch/boxed.h>
+
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <atomic>
-#include <iterator>
-#include <optional>
 #include <cstdlib>
+#include <iterator>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -33,16 +34,12 @@ std::atomic<bool> our_fallback_registered{false};
 
 // The fallback key is in the thread's included key set exactly while
 // something on the thread wants to see ops and the fallback mechanism is in
-// use. The key set is written only when that changes (this runs per op);
-// `included_now` is what the caller knows of it, or nullopt to read it.
-void sync_fallback_key(const ThreadState& state, std::optional<bool> included_now) {
+// use. Called when that may change, never per op.
+void sync_fallback_key(const ThreadState& state) {
   const bool wanted =
       our_fallback_registered.load(std::memory_order_relaxed) &&
       (state.interceptor != nullptr || state.observing);
-  const bool included = included_now.has_value()
-                            ? *included_now
-                            : c10::impl::tls_is_dispatch_key_included(kFallbackKey);
-  if (included != wanted) {
+  if (c10::impl::tls_is_dispatch_key_included(kFallbackKey) != wanted) {
     c10::impl::tls_set_dispatch_key_included(kFallbackKey, wanted);
   }
 }
@@ -68,8 +65,6 @@ class SuspendInterception {
   SuspendInterception(const SuspendInterception&) = delete;
   SuspendInterception& operator=(const SuspendInterception&) = delete;
 
-  const ThreadState& saved() const { return saved_; }
-
  private:
   ThreadState saved_;
   bool fallback_key_included_;
@@ -90,7 +85,7 @@ void intercepting_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
   // it excluded (sac includes it only under the fallback mechanism).
   SuspendInterception suspend(/*fallback_key_included=*/Key == kFallbackKey);
   if (state.observing) {
-    const auto args = torch::jit::last(*stack, op.schema().arguments().size());
+    const auto args = arguments_on(op, *stack);
     for (OpObserver* observer : tls_observers) {
       observer->before_op(op, args);
     }
@@ -101,7 +96,7 @@ void intercepting_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
     op.redispatchBoxed(below, stack);
   }
   if (state.observing) {
-    const auto outputs = torch::jit::last(*stack, op.schema().returns().size());
+    const auto outputs = outputs_on(op, *stack);
     for (OpObserver* observer : tls_observers) {
       observer->after_op(op, outputs);
     }
@@ -394,13 +389,13 @@ void intercept_ops_matching(OpFilter filter) {
 InterceptorToken push_interceptor(OpInterceptor* interceptor) {
   Registry::get().activate();
   InterceptorToken token{std::exchange(tls_state.interceptor, interceptor)};
-  sync_fallback_key(tls_state, std::nullopt);
+  sync_fallback_key(tls_state);
   return token;
 }
 
 void pop_interceptor(const InterceptorToken& token) {
   tls_state.interceptor = token.previous;
-  sync_fallback_key(tls_state, std::nullopt);
+  sync_fallback_key(tls_state);
 }
 
 void add_observer(OpObserver* observer) {
@@ -408,7 +403,7 @@ void add_observer(OpObserver* observer) {
   Registry::get().activate();
   tls_observers.push_back(observer);
   tls_state.observing = true;
-  sync_fallback_key(tls_state, std::nullopt);
+  sync_fallback_key(tls_state);
 }
 
 void remove_observer(OpObserver* observer) {
@@ -417,7 +412,7 @@ void remove_observer(OpObserver* observer) {
                         "sac: removing an op observer that is not active on this thread");
   tls_observers.erase(std::next(it).base());
   tls_state.observing = !tls_observers.empty();
-  sync_fallback_key(tls_state, std::nullopt);
+  sync_fallback_key(tls_state);
 }
 
 OpInterceptor* active_interceptor() { return tls_state.interceptor; }

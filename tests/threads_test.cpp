@@ -1,0 +1,570 @@
+// sac on several threads at once: regions, modes, hooks and the dispatch
+// state are per thread; a region may be backwarded on another thread than the
+// one that ran its forward; one policy object may serve regions on several
+// threads. Every gradient is bit-identical to the un-checkpointed run.
+#include "support.h"
+
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <future>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using sac_test::expect_bit_identical;
+
+// One intra-op thread everywhere: the un-checkpointed references (computed on
+// the test's main thread) and the runs on worker threads must reduce in the
+// same order. Worker threads inherit the setting (ATen initialises each new
+// thread from it), and call this again to be sure.
+void single_intra_op_thread() { at::set_num_threads(1); }
+
+// What a thread leaves behind when it is done with sac: nothing.
+struct ThreadState {
+  bool interceptor_active = true;
+  bool fallback_key_included = true;
+  bool grad_enabled = false;
+  static ThreadState now() {
+    return {sac::dispatch::active_interceptor() != nullptr,
+            c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::Fake),
+            c10::GradMode::is_enabled()};
+  }
+};
+
+void expect_clean(const ThreadState& state, const std::string& where) {
+  EXPECT_FALSE(state.interceptor_active) << where << ": an interceptor is still active";
+  EXPECT_FALSE(state.fallback_key_included) << where << ": the Fake key is still included";
+  EXPECT_TRUE(state.grad_enabled) << where << ": grad mode left disabled";
+}
+
+// A std::barrier for C++17.
+class Barrier {
+ public:
+  explicit Barrier(int count) : count_(count) {}
+  void arrive_and_wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const int generation = generation_;
+    if (++waiting_ == count_) {
+      waiting_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return generation != generation_; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  const int count_;
+  int waiting_ = 0;
+  int generation_ = 0;
+};
+
+std::string message_of(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "unknown exception";
+  }
+}
+
+// Runs `body` on a new thread and joins it; an exception in `body` is handed
+// to the caller's thread as a test failure.
+void run_on_thread(const std::string& name, const std::function<void()>& body) {
+  std::exception_ptr error;
+  std::thread thread([&] {
+    try {
+      single_intra_op_thread();
+      body();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  thread.join();
+  if (error) {
+    ADD_FAILURE() << name << " threw: " << message_of(error);
+  }
+}
+
+// A model with its own weights and the function a region runs.
+struct Model {
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<at::Tensor(const at::Tensor&)> forward;
+  std::vector<at::Tensor> params;
+  std::vector<at::Tensor> initial;  // the weights it was created with
+
+  void reset() {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) {
+      params[i].copy_(initial[i]);
+    }
+  }
+};
+
+Model make_mlp(uint64_t seed) {
+  torch::manual_seed(seed);
+  sac_test::Mlp mlp(16, 32, 8, /*depth=*/3);
+  Model model{mlp.ptr(), [m = mlp.ptr()](const at::Tensor& x) { return m->forward(x); }, mlp->parameters(), {}};
+  for (const auto& p : model.params) {
+    model.initial.push_back(p.detach().clone());
+  }
+  return model;
+}
+
+// No dropout: the default CPU generator is shared by all threads, so random
+// ops on several threads at once draw in no fixed order.
+Model make_gpt_block(uint64_t seed) {
+  torch::manual_seed(seed);
+  sac_test::GptBlock block(16, 2, /*dropout=*/0.0);
+  Model model{block.ptr(), [m = block.ptr()](const at::Tensor& x) { return m->forward(x); },
+              block->parameters(), {}};
+  for (const auto& p : model.params) {
+    model.initial.push_back(p.detach().clone());
+  }
+  return model;
+}
+
+at::Tensor input_for(bool gpt, uint64_t seed) {
+  torch::manual_seed(seed);
+  return gpt ? torch::randn({2, 8, 16}) : torch::randn({6, 16});
+}
+
+sac::Policy save_matmuls() {
+  return sac::Policy::save_ops({"aten::addmm", "aten::_scaled_dot_product_flash_attention_for_cpu"});
+}
+
+// Stateless: saves the matmuls and the activations.
+sac::Policy callback_policy() {
+  return sac::Policy::from_fn([](const sac::SelectiveCheckpointContext&, const c10::OperatorHandle& op,
+                                 c10::ArrayRef<c10::IValue>) {
+    const auto& name = op.operator_name().name;
+    return name == "aten::addmm" || name == "aten::relu" || name == "aten::gelu";
+  });
+}
+
+// Registers the kernels (per-op mechanism) a policy needs, on this thread.
+void prepare(const sac::Policy& policy) { sac::create_selective_checkpoint_contexts(policy); }
+
+enum class Kind { SaveOps, Callback, Full, None };
+
+const char* name_of(Kind kind) {
+  switch (kind) {
+    case Kind::SaveOps: return "save_ops";
+    case Kind::Callback: return "callback";
+    case Kind::Full: return "full recompute";
+    case Kind::None: return "no checkpoint";
+  }
+  return "?";
+}
+
+// One SGD step: forward (checkpointed unless `kind` is None), backward of
+// sum(y^2) with autograd::grad, in-place update. Returns the gradients.
+std::vector<at::Tensor> sgd_step(Model& model, const at::Tensor& x, Kind kind,
+                                 const sac::Policy& save_ops, const sac::Policy& callback) {
+  at::Tensor y;
+  switch (kind) {
+    case Kind::SaveOps:
+      y = sac::checkpoint(sac::CheckpointOptions().policy(save_ops), model.forward, x);
+      break;
+    case Kind::Callback:
+      y = sac::checkpoint(sac::CheckpointOptions().policy(callback), model.forward, x);
+      break;
+    case Kind::Full:
+      y = sac::checkpoint(model.forward, x);
+      break;
+    case Kind::None:
+      y = model.forward(x);
+      break;
+  }
+  auto grads = torch::autograd::grad({y.pow(2).sum()}, model.params);
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    model.params[i].sub_(grads[i] * 0.01);
+  }
+  return grads;
+}
+
+class Threads : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    sac_test::expect_configured_mechanism();
+    single_intra_op_thread();
+  }
+};
+
+// 1. Four threads train their own model (two MLPs, two GPT blocks) at once,
+// each step under another kind of checkpoint. Every gradient of every step
+// is bit-identical to the same training done sequentially without
+// checkpointing.
+TEST_F(Threads, ConcurrentTrainingMatchesSequentialReference) {
+  constexpr int kThreads = 4, kSteps = 6;
+  const auto save_ops = save_matmuls();
+  const auto callback = callback_policy();
+  prepare(save_ops);
+  prepare(callback);
+
+  std::vector<Model> models;
+  std::vector<std::vector<at::Tensor>> inputs(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    const bool gpt = t % 2 == 1;
+    models.push_back(gpt ? make_gpt_block(100 + t) : make_mlp(100 + t));
+    for (int s = 0; s < kSteps; ++s) {
+      inputs[t].push_back(input_for(gpt, 1000 * t + s));
+    }
+  }
+  // The reference: each model trained sequentially, here, without sac.
+  std::vector<std::vector<std::vector<at::Tensor>>> expected(kThreads);
+  std::vector<std::vector<at::Tensor>> expected_weights(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    for (int s = 0; s < kSteps; ++s) {
+      expected[t].push_back(sgd_step(models[t], inputs[t][s], Kind::None, save_ops, callback));
+    }
+    for (const auto& p : models[t].params) {
+      expected_weights[t].push_back(p.detach().clone());
+    }
+    models[t].reset();
+  }
+
+  const Kind kinds[] = {Kind::SaveOps, Kind::Callback, Kind::Full};
+  std::vector<std::vector<std::vector<at::Tensor>>> actual(kThreads);
+  std::vector<std::exception_ptr> errors(kThreads);
+  std::vector<ThreadState> after(kThreads);
+  Barrier start(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        single_intra_op_thread();
+        start.arrive_and_wait();
+        for (int s = 0; s < kSteps; ++s) {
+          actual[t].push_back(sgd_step(models[t], inputs[t][s], kinds[(t + s) % 3], save_ops, callback));
+        }
+      } catch (...) {
+        errors[t] = std::current_exception();
+      }
+      after[t] = ThreadState::now();
+    });
+  }
+  for (auto& thread : threads) {
+    thread.join();
+  }
+  for (int t = 0; t < kThreads; ++t) {
+    SCOPED_TRACE("thread " + std::to_string(t));
+    ASSERT_FALSE(errors[t]) << message_of(errors[t]);
+    expect_clean(after[t], "worker thread");
+    ASSERT_EQ(actual[t].size(), static_cast<size_t>(kSteps));
+    for (int s = 0; s < kSteps; ++s) {
+      SCOPED_TRACE(std::string("step ") + std::to_string(s) + " (" + name_of(kinds[(t + s) % 3]) + ")");
+      expect_bit_identical(expected[t][s], actual[t][s]);
+    }
+    SCOPED_TRACE("trained weights");
+    std::vector<at::Tensor> weights;
+    for (const auto& p : models[t].params) {
+      weights.push_back(p.detach());
+    }
+    expect_bit_identical(expected_weights[t], weights);
+  }
+  expect_clean(ThreadState::now(), "main thread");
+}
+
+// 2. A region's forward on thread A, its backward on thread B. Gradients are
+// bit-identical; neither thread keeps any sac state, and thread A then runs
+// plain autograd as before.
+TEST_F(Threads, BackwardOnAnotherThreadThanTheForward) {
+  struct Case {
+    std::string name;
+    std::optional<sac::Policy> policy;
+    bool gpt;
+  };
+  const std::vector<Case> cases{
+      {"full recompute, MLP", std::nullopt, false},
+      {"save_ops, MLP", save_matmuls(), false},
+      {"callback, MLP", callback_policy(), false},
+      {"full recompute, GPT block with dropout", std::nullopt, true},
+      {"save_ops, GPT block with dropout", save_matmuls(), true},
+      {"callback, GPT block with dropout", callback_policy(), true},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    // Dropout on: only one thread draws random numbers at a time here, and
+    // the recomputation on thread B must draw the forward's numbers.
+    torch::manual_seed(7);
+    Model model;
+    if (c.gpt) {
+      sac_test::GptBlock block(16, 2, /*dropout=*/0.2);
+      model = {block.ptr(), [m = block.ptr()](const at::Tensor& x) { return m->forward(x); }, block->parameters(), {}};
+    } else {
+      model = make_mlp(7);
+    }
+    const at::Tensor x = (c.gpt ? torch::randn({2, 8, 16}) : torch::randn({6, 16})).requires_grad_(true);
+    std::vector<at::Tensor> wrt{x};
+    wrt.insert(wrt.end(), model.params.begin(), model.params.end());
+    const auto expected = sac_test::run_and_grad([&] { return model.forward(x); }, {x}, model.params, 11);
+
+    std::promise<at::Tensor> forward_done;
+    std::promise<void> backward_done;
+    auto backward_done_future = backward_done.get_future();
+    std::vector<at::Tensor> plain_on_a;
+    ThreadState a_after_forward, a_at_end, b_at_end;
+    std::exception_ptr a_error;
+    std::thread a([&] {
+      try {
+        single_intra_op_thread();
+        sac::CheckpointOptions options;
+        if (c.policy) {
+          options.policy(*c.policy);
+        }
+        torch::manual_seed(11);
+        at::Tensor y = sac::checkpoint(options, model.forward, x);
+        a_after_forward = ThreadState::now();
+        forward_done.set_value(y);
+        y.reset();
+        backward_done_future.wait();
+        a_at_end = ThreadState::now();
+        plain_on_a = sac_test::run_and_grad([&] { return model.forward(x); }, {x}, model.params, 11);
+      } catch (...) {
+        a_error = std::current_exception();
+        try {
+          forward_done.set_exception(std::current_exception());
+        } catch (const std::future_error&) {
+        }
+      }
+    });
+    std::vector<at::Tensor> actual;
+    auto y_future = forward_done.get_future();
+    try {
+      at::Tensor y = y_future.get();
+      run_on_thread("thread B", [&] {
+        auto grads = torch::autograd::grad({y.sum()}, wrt);
+        actual = {y.detach()};
+        actual.insert(actual.end(), grads.begin(), grads.end());
+        b_at_end = ThreadState::now();
+      });
+    } catch (...) {
+    }
+    backward_done.set_value();
+    a.join();
+    ASSERT_FALSE(a_error) << "thread A threw: " << message_of(a_error);
+    expect_clean(a_after_forward, "thread A after the forward");
+    expect_clean(a_at_end, "thread A after the backward on B");
+    expect_clean(b_at_end, "thread B after the backward");
+    expect_bit_identical(expected, actual);
+    expect_bit_identical(expected, plain_on_a);
+  }
+  expect_clean(ThreadState::now(), "main thread");
+}
+
+// 3. Two regions' forwards on two threads while a third thread backwards
+// through a third region, round after round. All three bit-identical to
+// their references; no thread keeps sac state.
+TEST_F(Threads, ForwardsAndABackwardOfThreeRegionsAtOnce) {
+  constexpr int kRounds = 8;
+  const auto save_ops = save_matmuls();
+  const auto callback = callback_policy();
+  prepare(save_ops);
+  prepare(callback);
+  Model m1 = make_mlp(31), m2 = make_gpt_block(32), m3 = make_mlp(33);
+  std::vector<at::Tensor> x1, x2, x3;
+  for (int r = 0; r < kRounds; ++r) {
+    x1.push_back(input_for(false, 310 + r).requires_grad_(true));
+    x2.push_back(input_for(true, 320 + r).requires_grad_(true));
+    x3.push_back(input_for(false, 330 + r).requires_grad_(true));
+  }
+  auto reference = [](Model& m, const at::Tensor& x) {
+    return sac_test::run_and_grad([&] { return m.forward(x); }, {x}, m.params);
+  };
+  // Region 3's forwards run here, before the threads start (alternating a
+  // selective policy and full recomputation); thread 3 backwards them.
+  std::vector<at::Tensor> y3;
+  for (int r = 0; r < kRounds; ++r) {
+    y3.push_back(r % 2 == 0 ? sac::checkpoint(sac::CheckpointOptions().policy(save_ops), m3.forward, x3[r])
+                            : sac::checkpoint(m3.forward, x3[r]));
+  }
+
+  Barrier round(3);
+  std::vector<at::Tensor> y1(kRounds), y2(kRounds);
+  std::vector<std::vector<at::Tensor>> grads3(kRounds);
+  std::exception_ptr errors[3];
+  ThreadState after[3];
+  auto worker = [&](int index, const std::function<void(int)>& body) {
+    return std::thread([&, index, body] {
+      single_intra_op_thread();
+      for (int r = 0; r < kRounds; ++r) {
+        round.arrive_and_wait();
+        if (errors[index]) {
+          continue;  // keep arriving at the barrier
+        }
+        try {
+          body(r);
+        } catch (...) {
+          errors[index] = std::current_exception();
+        }
+      }
+      after[index] = ThreadState::now();
+    });
+  };
+  std::vector<std::thread> threads;
+  threads.push_back(worker(0, [&](int r) {
+    y1[r] = sac::checkpoint(sac::CheckpointOptions().policy(save_ops), m1.forward, x1[r]);
+  }));
+  threads.push_back(worker(1, [&](int r) {
+    y2[r] = sac::checkpoint(sac::CheckpointOptions().policy(callback), m2.forward, x2[r]);
+  }));
+  threads.push_back(worker(2, [&](int r) {
+    std::vector<at::Tensor> wrt{x3[r]};
+    wrt.insert(wrt.end(), m3.params.begin(), m3.params.end());
+    auto grads = torch::autograd::grad({y3[r].sum()}, wrt);
+    grads3[r] = {y3[r].detach()};
+    grads3[r].insert(grads3[r].end(), grads.begin(), grads.end());
+    y3[r].reset();
+  }));
+  for (auto& thread : threads) {
+    thread.join();
+  }
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_FALSE(errors[i]) << "thread " << i + 1 << " threw: " << message_of(errors[i]);
+    expect_clean(after[i], "thread " + std::to_string(i + 1));
+  }
+  for (int r = 0; r < kRounds; ++r) {
+    SCOPED_TRACE("round " + std::to_string(r));
+    // Regions 1 and 2 are backwarded here, on the main thread.
+    std::vector<at::Tensor> wrt1{x1[r]}, wrt2{x2[r]};
+    wrt1.insert(wrt1.end(), m1.params.begin(), m1.params.end());
+    wrt2.insert(wrt2.end(), m2.params.begin(), m2.params.end());
+    auto g1 = torch::autograd::grad({y1[r].sum()}, wrt1);
+    auto g2 = torch::autograd::grad({y2[r].sum()}, wrt2);
+    g1.insert(g1.begin(), y1[r].detach());
+    g2.insert(g2.begin(), y2[r].detach());
+    {
+      SCOPED_TRACE("region 1 (forward on thread 1)");
+      expect_bit_identical(reference(m1, x1[r]), g1);
+    }
+    {
+      SCOPED_TRACE("region 2 (forward on thread 2)");
+      expect_bit_identical(reference(m2, x2[r]), g2);
+    }
+    {
+      SCOPED_TRACE("region 3 (backward on thread 3)");
+      expect_bit_identical(reference(m3, x3[r]), grads3[r]);
+    }
+  }
+  expect_clean(ThreadState::now(), "main thread");
+}
+
+// 4. One policy object (a stateless callback) serves regions on four threads
+// at once, sharing one model. Each thread's callback sees exactly the op
+// calls of its own regions, in the order a single-threaded run sees them,
+// and every gradient is bit-identical. With RecomputeDecisions::AskPolicy the
+// policy is also asked during the (concurrent) recomputations.
+TEST_F(Threads, OnePolicyObjectSharedByFourThreads) {
+  constexpr int kThreads = 4, kIterations = 5;
+  // The calls the callback saw on the calling thread: (is_recompute, op).
+  static thread_local std::vector<std::pair<bool, std::string>> seen;
+  std::atomic<int64_t> total_calls{0};
+  const auto policy = sac::Policy::from_fn([&total_calls](const sac::SelectiveCheckpointContext& ctx,
+                                                         const c10::OperatorHandle& op,
+                                                         c10::ArrayRef<c10::IValue>) {
+    ++total_calls;
+    seen.emplace_back(ctx.is_recompute, op.operator_name().name);
+    const auto& name = op.operator_name().name;
+    return name == "aten::addmm" || name == "aten::gelu" ? sac::CheckpointPolicy::MustSave
+                                                          : sac::CheckpointPolicy::PreferRecompute;
+  });
+  prepare(policy);
+  Model model = make_gpt_block(44);
+  std::vector<at::Tensor> inputs;
+  for (int t = 0; t < kThreads; ++t) {
+    inputs.push_back(input_for(true, 440 + t).requires_grad_(true));
+  }
+  std::vector<at::Tensor> wrt_params = model.params;
+
+  for (const auto decisions : {sac::RecomputeDecisions::ReplayForward, sac::RecomputeDecisions::AskPolicy}) {
+    const bool ask = decisions == sac::RecomputeDecisions::AskPolicy;
+    SCOPED_TRACE(ask ? "AskPolicy" : "ReplayForward");
+    const auto options = sac::CheckpointOptions().policy(policy).recompute_decisions(decisions);
+    auto run = [&](const at::Tensor& x) {
+      return sac_test::run_and_grad([&] { return sac::checkpoint(options, model.forward, x); }, {x},
+                                    wrt_params);
+    };
+    // What one region's forward and backward show the callback, alone.
+    seen.clear();
+    total_calls = 0;
+    std::vector<std::vector<at::Tensor>> expected;
+    for (int t = 0; t < kThreads; ++t) {
+      expected.push_back(sac_test::run_and_grad([&] { return model.forward(inputs[t]); }, {inputs[t]},
+                                                wrt_params));
+    }
+    EXPECT_EQ(total_calls.load(), 0) << "the policy is not asked outside regions";
+    run(inputs[0]);
+    const auto calls_per_region = seen;
+    ASSERT_FALSE(calls_per_region.empty());
+    bool asked_in_recompute = false;
+    for (const auto& call : calls_per_region) {
+      asked_in_recompute |= call.first;
+    }
+    EXPECT_EQ(asked_in_recompute, ask);
+    total_calls = 0;
+
+    std::vector<std::vector<std::vector<at::Tensor>>> actual(kThreads);
+    std::vector<std::vector<std::pair<bool, std::string>>> seen_by(kThreads);
+    std::vector<std::exception_ptr> errors(kThreads);
+    std::vector<ThreadState> after(kThreads);
+    Barrier start(kThreads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        try {
+          single_intra_op_thread();
+          seen.clear();
+          start.arrive_and_wait();
+          for (int i = 0; i < kIterations; ++i) {
+            // Not run_and_grad: it seeds the generator that all threads share.
+            const at::Tensor& x = inputs[t];
+            at::Tensor y = sac::checkpoint(options, model.forward, x);
+            std::vector<at::Tensor> wrt{x};
+            wrt.insert(wrt.end(), wrt_params.begin(), wrt_params.end());
+            auto grads = torch::autograd::grad({y.sum()}, wrt);
+            grads.insert(grads.begin(), y.detach());
+            actual[t].push_back(std::move(grads));
+          }
+          seen_by[t] = seen;
+        } catch (...) {
+          errors[t] = std::current_exception();
+        }
+        after[t] = ThreadState::now();
+      });
+    }
+    for (auto& thread : threads) {
+      thread.join();
+    }
+    EXPECT_EQ(total_calls.load(),
+              static_cast<int64_t>(kThreads * kIterations * calls_per_region.size()));
+    for (int t = 0; t < kThreads; ++t) {
+      SCOPED_TRACE("thread " + std::to_string(t));
+      ASSERT_FALSE(errors[t]) << message_of(errors[t]);
+      expect_clean(after[t], "worker thread");
+      ASSERT_EQ(seen_by[t].size(), kIterations * calls_per_region.size());
+      for (int i = 0; i < kIterations; ++i) {
+        for (size_t j = 0; j < calls_per_region.size(); ++j) {
+          const auto& call = seen_by[t][i * calls_per_region.size() + j];
+          ASSERT_EQ(call, calls_per_region[j]) << "iteration " << i << ", call " << j;
+        }
+        expect_bit_identical(expected[t], actual[t][i]);
+      }
+    }
+  }
+  expect_clean(ThreadState::now(), "main thread");
+}
+
+}  // namespace
