@@ -154,28 +154,58 @@ void OpCache::demote_modified() {
   }
 }
 
-const OpCache::Call& OpCache::find(const c10::OperatorHandle& op,
+void OpCache::begin_recording() { recording_ = true; }
+
+void OpCache::end_recording() {
+  recording_ = false;
+  demote_modified();
+}
+
+const OpCache::Call* OpCache::find(const c10::OperatorHandle& op,
                                    size_t call) const {
   const auto it = calls_.find(op);
-  TORCH_CHECK(it != calls_.end(), "sac: ", op.operator_name(),
+  const size_t recorded = it == calls_.end() ? 0 : it->second.size();
+  if (call < recorded) {
+    return &it->second[call];
+  }
+  if (recording_) {
+    return nullptr;
+  }
+  TORCH_CHECK(recorded > 0, "sac: ", op.operator_name(),
               " ran during recomputation but never in the checkpointed "
               "forward. ", kMismatchHint);
-  TORCH_CHECK(call < it->second.size(), "sac: ", op.operator_name(),
-              " ran at least ", call + 1,
-              " times during recomputation but only ", it->second.size(),
+  TORCH_CHECK(false, "sac: ", op.operator_name(), " ran at least ", call + 1,
+              " times during recomputation but only ", recorded,
               " times in the checkpointed forward. ", kMismatchHint);
-  return it->second[call];
 }
 
 OpCache::Record OpCache::record(const c10::OperatorHandle& op,
                                 size_t call) const {
-  const Call& found = find(op, call);
-  return {found.policy_saved, found.state != Call::State::Recompute};
+  const Call* found = find(op, call);
+  if (found == nullptr) {
+    return {/*policy_saved=*/false, /*cached=*/false, /*recorded=*/false};
+  }
+  const bool cached = found->state != Call::State::Recompute &&
+                      // Modified already: end_recording will demote it.
+                      !(recording_ && first_modified(*found).has_value());
+  return {found->policy_saved, cached, /*recorded=*/true};
 }
 
 OpCache::Served OpCache::take(const c10::OperatorHandle& op, size_t index,
                               bool allow_mutation) {
-  Call& call = const_cast<Call&>(find(op, index));
+  const Call* found = find(op, index);
+  TORCH_INTERNAL_ASSERT(found != nullptr, "sac: take() of a call not recorded");
+  Call& call = const_cast<Call&>(*found);
+  if (recording_) {
+    // The backward after the forward needs them too: hand out new aliases.
+    TORCH_INTERNAL_ASSERT(call.state == Call::State::Saved);
+    Served served;
+    for (const auto& output : call.outputs) {
+      served.outputs.push_back(with_detached_tensors(output));
+    }
+    served.generator = call.generator;
+    return served;
+  }
   TORCH_CHECK(call.state != Call::State::Served,
               "sac: Trying to backward an extra time through a region "
               "checkpointed with a selective policy: the outputs cached for ",

@@ -38,6 +38,21 @@ class OpCache {
 
   // ---- Forward ------------------------------------------------------------
 
+  // The forward records from begin_recording() to end_recording(). A
+  // recomputation may run in between: a backward inside the checkpointed
+  // function recomputes the region so far. It replays the record so far as
+  // a prefix: calls past its end run, saved outputs are handed out but kept
+  // for the backward after the forward, and outputs already modified run
+  // again (end_recording will demote them).
+  void begin_recording();
+  // Ends the forward: demotes saved calls whose outputs were modified in
+  // place since they were stored to recompute calls (dropping the outputs):
+  // their cached value is no longer what the op returned, but the
+  // recomputation will redo both the op and the modification. Warns (once
+  // per process) when it demotes anything: the policy then saves less than
+  // it says.
+  void end_recording();
+
   // Records that the next call of `op` will be recomputed.
   void append_recompute(const c10::OperatorHandle& op);
 
@@ -56,28 +71,22 @@ class OpCache {
   // forward runs, and the inputs of every op it saves.
   void watch_aliases(c10::ArrayRef<c10::IValue> values);
 
-  // Turns saved calls whose outputs were modified in place since they were
-  // stored into recompute calls (dropping the outputs): their cached value is
-  // no longer what the op returned, but the recomputation will redo both the
-  // op and the modification. Called when the forward ends. Warns (once per
-  // process) when it demotes anything: the policy then saves less than it
-  // says.
-  void demote_modified();
-
   // ---- Recomputation ------------------------------------------------------
 
   // What the forward did with one call.
   struct Record {
     // The policy's answer in forward was save. Still true for a call whose
-    // outputs were demoted (see demote_modified): the policy is not to blame.
+    // outputs were demoted (see end_recording): the policy is not to blame.
     bool policy_saved = false;
     // Its outputs are (or were, until taken) in the cache; otherwise the
     // recomputation runs the op.
     bool cached = false;
+    // False for a call past the end of a forward still recording.
+    bool recorded = true;
   };
 
   // The record of call `call` of `op`. Throws if the forward made no such
-  // call.
+  // call (and is not recording any more).
   Record record(const c10::OperatorHandle& op, size_t call) const;
 
   struct Served {
@@ -85,10 +94,10 @@ class OpCache {
     std::optional<GeneratorSnapshot> generator;
   };
 
-  // Hands out the outputs of saved call `call` of `op`, once. Throws if they
-  // were already handed out (a second backward through the region), or if a
-  // tensor among them was modified in place since it was stored and
-  // `allow_mutation` is false.
+  // Hands out the outputs of saved call `call` of `op`, once (any number of
+  // times while recording). Throws if they were already handed out (a second
+  // backward through the region), or if a tensor among them was modified in
+  // place since it was stored and `allow_mutation` is false.
   Served take(const c10::OperatorHandle& op, size_t call, bool allow_mutation);
 
   // Drops every call and the outputs it kept.
@@ -103,7 +112,7 @@ class OpCache {
   size_t bytes() const { return bytes_; }
   // Saved calls whose outputs have not been handed out yet.
   size_t saved_calls() const { return saved_calls_; }
-  // Saved calls turned into recompute calls by demote_modified.
+  // Saved calls turned into recompute calls by end_recording.
   size_t demoted_calls() const { return demoted_calls_; }
 
  private:
@@ -116,7 +125,9 @@ class OpCache {
     std::optional<GeneratorSnapshot> generator;
   };
 
-  const Call& find(const c10::OperatorHandle& op, size_t call) const;
+  // The call, or null for one past the end of a forward still recording.
+  const Call* find(const c10::OperatorHandle& op, size_t call) const;
+  void demote_modified();
   void hold(const std::vector<c10::IValue>& outputs);
   void release(const std::vector<c10::IValue>& outputs);
   void drop(Call& call);
@@ -138,6 +149,7 @@ class OpCache {
   std::optional<std::pair<size_t, std::string>> first_modified(const Call& call) const;
 
   std::unordered_map<const c10::StorageImpl*, StorageInfo> storages_;
+  bool recording_ = false;
   size_t bytes_ = 0;
   size_t saved_calls_ = 0;
   size_t demoted_calls_ = 0;

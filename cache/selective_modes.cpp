@@ -81,9 +81,10 @@ void CachingMode::on_outermost_enter() {
               "needs it. Create a new pair for each region: a context_fn should "
               "call create_selective_checkpoint_contexts each time it is called "
               "(or use CheckpointOptions::policy, which does).");
+  cache_->begin_recording();
 }
 
-void CachingMode::on_outermost_exit() { cache_->demote_modified(); }
+void CachingMode::on_outermost_exit() { cache_->end_recording(); }
 
 void CachingMode::intercept(const c10::OperatorHandle& op,
                             c10::DispatchKeySet below, torch::jit::Stack* stack) {
@@ -131,7 +132,7 @@ void CachedMode::intercept(const c10::OperatorHandle& op,
   }
   const size_t call = next_call_[op]++;
   const OpCache::Record record = cache_->record(op, call);
-  if (decisions_ == RecomputeDecisions::AskPolicy) {
+  if (decisions_ == RecomputeDecisions::AskPolicy && record.recorded) {
     check_same_decision(op, call, record.policy_saved, arguments_on(op, *stack));
   }
   if (!record.cached) {

@@ -75,10 +75,10 @@ class CachingMode final : public SelectiveMode {
   CachingMode(Policy policy, std::shared_ptr<OpCache> cache);
 
  private:
-  // Refuses to record a second forward into a cache that holds one.
+  // Refuses to record a second forward into a cache that holds one; starts
+  // the record.
   void on_outermost_enter() override;
-  // Demotes cached outputs the forward modified in place (see
-  // OpCache::demote_modified).
+  // Ends the record (see OpCache::end_recording).
   void on_outermost_exit() override;
   void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
                  torch::jit::Stack* stack) override;

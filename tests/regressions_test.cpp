@@ -273,3 +273,36 @@ TEST_F(Regressions, RetainGraphThroughASelectiveRegionSaysWhatToDo) {
 }
 
 }  // namespace
+
+// Found by the fuzzer (seeds 13545540041466774281, 15537403130574667707 and
+// six more): torch::autograd::grad inside a selective region. The inner
+// backward unpacks the region's own holders, so the region is recomputed
+// while its forward is still recording: without early stop that
+// recomputation ran past the record ("aten::mul.Tensor ran at least 2 times
+// during recomputation but only 1 times in the checkpointed forward"), and
+// with it, it consumed the cached outputs that the backward after the
+// forward needed ("backward an extra time").
+TEST_F(Regressions, GradInsideASelectiveRegionWhileItsForwardRecords) {
+  torch::manual_seed(0);
+  auto x = torch::randn({4, 4}, torch::requires_grad());
+  auto w = torch::randn({4, 4}, torch::requires_grad());
+  auto f = [&](const at::Tensor& a) {
+    auto h = a.mm(w);
+    auto g = torch::autograd::grad({(h.sin() * w).sum()}, {a}, {}, true,
+                                   /*create_graph=*/true)[0];
+    return (g * h).exp();
+  };
+  const auto expected = run_and_grad([&] { return f(x); }, {x}, {w});
+  for (const bool early_stop : {true, false}) {
+    for (const bool everything : {true, false}) {
+      SCOPED_TRACE(c10::str("early_stop=", early_stop, " everything=", everything));
+      auto options = everything
+                         ? sac::CheckpointOptions().policy(save_everything())
+                         : saving({"aten::mm", "aten::sin"});
+      options.early_stop(early_stop);
+      const auto actual =
+          run_and_grad([&] { return sac::checkpoint(options, f, x); }, {x}, {w});
+      expect_bit_identical(expected, actual);
+    }
+  }
+}
