@@ -23,6 +23,8 @@ if [[ $# -eq 0 ]]; then
 fi
 
 # --output_user_root: Bazel keys the output base by workspace path below it.
+# --disk_cache: actions are shared by every checkout (a fresh clone in CI
+# rebuilds nothing that an earlier checkout built the same way).
 # Exit status is Bazel's (nonzero when anything fails to build or a test fails).
 exec "$bazel_bin" --output_user_root="$output_root" \
-  test --keep_going "$@"
+  test --disk_cache="$output_root/disk-cache" --keep_going "$@"
