@@ -236,41 +236,35 @@ void CheckpointFrame::recompute(int64_t graph_task) {
 }
 
 void CheckpointFrame::save_recomputed(int64_t graph_task, const at::Tensor& value) {
+  // A recomputation during the forward (a backward inside the checkpointed
+  // function) recomputes the region *so far*: past that point it would run
+  // ops the forward has not run yet, and repeat their side effects (an
+  // in-place op on a buffer) before the forward runs them. So it always
+  // stops once the holders made so far are filled, early stop or not.
+  const bool stop_when_filled = config_.early_stop || !forward_completed_;
   PassState& pass = passes_[graph_task];
-  if (config_.early_stop && pass.saved >= holders_.size()) {
+  if (stop_when_filled && pass.saved >= holders_.size()) {
     throw StopRecomputation{};  // the first one was caught by user code
   }
   const size_t index = pass.saved++;
-  if (index >= holders_.size()) {
-    TORCH_INTERNAL_ASSERT(!config_.early_stop);
-    if (!forward_completed_) {
-      // A backward inside the checkpointed function, without early stop:
-      // the recomputation runs past the part of the forward done so far.
-      ignore_saved_mismatch_ = true;
-      return;
-    }
-    SAC_CHECKPOINT_CHECK(false,
-                         "sac::checkpoint: trying to save more tensors during "
-                         "recomputation than during the original forward pass "
-                         "(", holders_.size(), " in forward). The checkpointed "
-                         "function ran different ops when recomputed. ",
-                         kDebugTip);
-  }
+  SAC_CHECKPOINT_CHECK(index < holders_.size(),
+                       "sac::checkpoint: trying to save more tensors during "
+                       "recomputation than during the original forward pass "
+                       "(", holders_.size(), " in forward). The checkpointed "
+                       "function ran different ops when recomputed. ",
+                       kDebugTip);
   if (auto holder = holders_[index].lock()) {
     // A holder freed by a backward inside the forward needs nothing.
     auto& slot = holder->recomputed[graph_task];
     TORCH_INTERNAL_ASSERT(!slot.value.defined());
     slot = {value, false};
   }
-  if (config_.early_stop && pass.saved == holders_.size()) {
+  if (stop_when_filled && pass.saved == holders_.size()) {
     throw StopRecomputation{};
   }
 }
 
 void CheckpointFrame::check_recomputed_tensors_match(int64_t graph_task) {
-  if (ignore_saved_mismatch_) {
-    return;
-  }
   const size_t saved = passes_[graph_task].saved;
   SAC_CHECKPOINT_CHECK(
       saved == holders_.size(),

@@ -106,7 +106,6 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
   std::unordered_map<int64_t, PassState> passes_;
   bool forward_entered_ = false;
   bool forward_completed_ = false;
-  bool ignore_saved_mismatch_ = false;
   OpLog forward_log_;
   OpLog recompute_log_;
 };

@@ -306,3 +306,29 @@ TEST_F(Regressions, GradInsideASelectiveRegionWhileItsForwardRecords) {
     }
   }
 }
+
+// Found by the fuzzer (seeds 12422843216110423104, 16100312752680960808 and
+// two more): without early stop, a recomputation that a backward inside the
+// checkpointed function starts ran the whole function, past the point the
+// forward had reached, and repeated the side effects that follow (here an
+// in-place update of a buffer) before the forward itself ran them.
+TEST_F(Regressions, RecomputationDuringTheForwardStopsWhereTheForwardIs) {
+  torch::manual_seed(0);
+  auto x = torch::randn({5}, torch::requires_grad());
+  auto steps = torch::zeros({1});
+  auto f = [&](const at::Tensor& a) {
+    auto g = torch::autograd::grad({(a.sin() * a).sum()}, {a}, {}, true,
+                                   /*create_graph=*/true)[0];
+    steps.add_(1);  // a side effect after the inner backward
+    return g * a;
+  };
+  const auto expected = torch::autograd::grad({f(x).sum()}, {x})[0];
+  for (const bool early_stop : {true, false}) {
+    SCOPED_TRACE(c10::str("early_stop=", early_stop));
+    steps.zero_();
+    auto y = sac::checkpoint(sac::CheckpointOptions().early_stop(early_stop), f, x);
+    EXPECT_EQ(steps.item<double>(), 1) << "the forward's update ran more than once";
+    const auto g = torch::autograd::grad({y.sum()}, {x})[0];
+    EXPECT_TRUE(torch::equal(g, expected));
+  }
+}
