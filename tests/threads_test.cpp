@@ -470,13 +470,16 @@ TEST_F(Threads, ForwardsAndABackwardOfThreeRegionsAtOnce) {
 TEST_F(Threads, OnePolicyObjectSharedByFourThreads) {
   constexpr int kThreads = 4, kIterations = 5;
   // The calls the callback saw on the calling thread: (is_recompute, op).
-  static thread_local std::vector<std::pair<bool, std::string>> seen;
+  // Each thread points this at a log it owns (a thread_local container
+  // would be freed only by TLS destructors, which LeakSanitizer reports).
+  using CallLog = std::vector<std::pair<bool, std::string>>;
+  static thread_local CallLog* seen = nullptr;
   std::atomic<int64_t> total_calls{0};
   const auto policy = sac::Policy::from_fn([&total_calls](const sac::SelectiveCheckpointContext& ctx,
                                                          const c10::OperatorHandle& op,
                                                          c10::ArrayRef<c10::IValue>) {
     ++total_calls;
-    seen.emplace_back(ctx.is_recompute, op.operator_name().name);
+    seen->emplace_back(ctx.is_recompute, op.operator_name().name);
     const auto& name = op.operator_name().name;
     return name == "aten::addmm" || name == "aten::gelu" ? sac::CheckpointPolicy::MustSave
                                                           : sac::CheckpointPolicy::PreferRecompute;
@@ -498,7 +501,8 @@ TEST_F(Threads, OnePolicyObjectSharedByFourThreads) {
                                     wrt_params);
     };
     // What one region's forward and backward show the callback, alone.
-    seen.clear();
+    CallLog main_log;
+    seen = &main_log;
     total_calls = 0;
     std::vector<std::vector<at::Tensor>> expected;
     for (int t = 0; t < kThreads; ++t) {
@@ -507,7 +511,7 @@ TEST_F(Threads, OnePolicyObjectSharedByFourThreads) {
     }
     EXPECT_EQ(total_calls.load(), 0) << "the policy is not asked outside regions";
     run(inputs[0]);
-    const auto calls_per_region = seen;
+    const auto calls_per_region = main_log;
     ASSERT_FALSE(calls_per_region.empty());
     bool asked_in_recompute = false;
     for (const auto& call : calls_per_region) {
@@ -517,7 +521,7 @@ TEST_F(Threads, OnePolicyObjectSharedByFourThreads) {
     total_calls = 0;
 
     std::vector<std::vector<std::vector<at::Tensor>>> actual(kThreads);
-    std::vector<std::vector<std::pair<bool, std::string>>> seen_by(kThreads);
+    std::vector<CallLog> seen_by(kThreads);
     std::vector<std::exception_ptr> errors(kThreads);
     std::vector<ThreadState> after(kThreads);
     Barrier start(kThreads);
@@ -526,7 +530,7 @@ TEST_F(Threads, OnePolicyObjectSharedByFourThreads) {
       threads.emplace_back([&, t] {
         try {
           single_intra_op_thread();
-          seen.clear();
+          seen = &seen_by[t];
           start.arrive_and_wait();
           for (int i = 0; i < kIterations; ++i) {
             // Not run_and_grad: it seeds the generator that all threads share.
@@ -538,7 +542,6 @@ TEST_F(Threads, OnePolicyObjectSharedByFourThreads) {
             grads.insert(grads.begin(), y.detach());
             actual[t].push_back(std::move(grads));
           }
-          seen_by[t] = seen;
         } catch (...) {
           errors[t] = std::current_exception();
         }
