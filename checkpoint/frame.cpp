@@ -196,6 +196,13 @@ at::Tensor CheckpointFrame::unpack_unchecked(Holder& holder) {
 }
 
 void CheckpointFrame::recompute(int64_t graph_task) {
+  // A backward inside an enclosing region's forward can start this
+  // recomputation while that region's modes are active on the thread; they
+  // must not see (and record) its ops, which the ordinary backward's
+  // recomputation would not show them. Its inputs may be holders of an
+  // enclosing region, whose recomputation this unpacking starts: isolated
+  // too, before it.
+  dispatch::IsolationGuard isolate;
   std::vector<at::Tensor> inputs;
   inputs.reserve(saved_inputs_.size());
   for (const auto i : c10::irange(saved_inputs_.size())) {

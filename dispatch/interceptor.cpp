@@ -417,4 +417,21 @@ void remove_observer(OpObserver* observer) {
 
 OpInterceptor* active_interceptor() { return tls_state.interceptor; }
 
+IsolationGuard::IsolationGuard()
+    : hidden_interceptor_(std::exchange(tls_state.interceptor, nullptr)),
+      hidden_observers_(std::exchange(tls_observers, {})) {
+  tls_state.observing = false;
+  sync_fallback_key(tls_state);
+}
+
+IsolationGuard::~IsolationGuard() {
+  TORCH_INTERNAL_ASSERT(tls_state.interceptor == nullptr && tls_observers.empty(),
+                        "sac: an interceptor or observer outlived the isolation "
+                        "guard it was added under");
+  tls_state.interceptor = hidden_interceptor_;
+  tls_observers = std::move(hidden_observers_);
+  tls_state.observing = !tls_observers.empty();
+  sync_fallback_key(tls_state);
+}
+
 }  // namespace sac::dispatch

@@ -133,6 +133,24 @@ class ObserverGuard {
   OpObserver* observer_;
 };
 
+// While alive, nothing intercepts or observes ops on this thread: the
+// interceptor and observers active before are hidden until it dies, and new
+// ones can be added on top (and must be gone by then). Code whose ops belong
+// to no enclosing interceptor runs under one: a checkpoint's recomputation is
+// then seen by its own contexts only, whether it runs in the ordinary
+// backward or inside an enclosing region's forward.
+class IsolationGuard {
+ public:
+  IsolationGuard();
+  ~IsolationGuard();
+  IsolationGuard(const IsolationGuard&) = delete;
+  IsolationGuard& operator=(const IsolationGuard&) = delete;
+
+ private:
+  OpInterceptor* hidden_interceptor_;
+  std::vector<OpObserver*> hidden_observers_;
+};
+
 // What `push_interceptor` replaced; give it back to `pop_interceptor`.
 struct InterceptorToken {
   OpInterceptor* previous = nullptr;

@@ -332,3 +332,36 @@ TEST_F(Regressions, RecomputationDuringTheForwardStopsWhereTheForwardIs) {
     EXPECT_TRUE(torch::equal(g, expected));
   }
 }
+
+// Found by the fuzzer (seeds 14376421427440338647, 9198960712043389342,
+// 14410040958744903857, 7180687875114757864): a selective region nested in a
+// full-recompute one calls grad in its forward. The inner backward unpacks
+// the inner region's holders; its recomputation unpacks its arguments, which
+// are the outer region's holders, so the outer region recomputes right then,
+// while the inner caching mode was still active: the outer region's ops were
+// recorded into the inner cache and shifted its call indices (wrong
+// gradient, or a shape error in MulBackward0).
+TEST_F(Regressions, RecomputationInsideAnEnclosingForwardIsSeenByItsOwnModesOnly) {
+  torch::manual_seed(0);
+  auto p = torch::randn({3, 3}, torch::requires_grad());
+  auto q = torch::randn({2, 5}, torch::requires_grad());
+  auto inner = [](const at::Tensor& a) {
+    auto t = (a.sin() * a).sum();
+    return torch::autograd::grad({t}, {a}, {}, std::nullopt, /*create_graph=*/true)[0];
+  };
+  for (const bool same_shapes : {true, false}) {
+    SCOPED_TRACE(same_shapes ? "an outer mul of the inner shape" : "an outer mul of another shape");
+    auto outer = [&](const at::Tensor& a, const at::Tensor& b, bool checkpointed) {
+      at::Tensor h = same_shapes ? a * a + 1 : a + 1;
+      at::Tensor d = same_shapes ? b : b * b;
+      at::Tensor y = checkpointed ? sac::checkpoint(saving({"aten::mul.Tensor"}), inner, h)
+                                  : inner(h);
+      return y.sum() + d.sum();
+    };
+    const auto expected = torch::autograd::grad({outer(p, q, false)}, {p, q});
+    auto loss = sac::checkpoint(
+        [&](const at::Tensor& a, const at::Tensor& b) { return outer(a, b, true); }, p, q);
+    const auto actual = torch::autograd::grad({loss}, {p, q});
+    expect_bit_identical(expected, actual);
+  }
+}
