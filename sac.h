@@ -9,7 +9,9 @@
 //   sac/dispatch/interceptor.h     interception of aten ops below autograd
 //   sac/policy/policy.h            which op calls to save
 //   sac/cache/selective_modes.h    the caching and cached modes, their cache
+//   sac/record/recorder.h          recording a region's ops, replaying them
 //   sac/checkpoint/checkpoint.h    non-reentrant checkpoint and its options
+//   sac/checkpoint/region.h        the same for any code, by an RAII guard
 #pragma once
 
 #include <sac/cache/op_cache.h>
@@ -19,6 +21,7 @@
 #include <sac/checkpoint/error.h>
 #include <sac/checkpoint/guards.h>
 #include <sac/checkpoint/options.h>
+#include <sac/checkpoint/region.h>
 #include <sac/dispatch/interceptor.h>
 #include <sac/policy/checkpoint_policy.h>
 #include <sac/policy/policy.h>

@@ -6,6 +6,7 @@ For a test `foo_test` this macro creates
   foo_test_per_op     cc_test, env SAC_DISPATCH=per_op
   foo_test_fallback   cc_test, env SAC_DISPATCH=fallback
   foo_test            test_suite with both
+`modes` narrows the modes (the README example needs the fallback key).
 Default timeout "long" (900 s); CMake gives each test 600 s.
 """
 
@@ -21,6 +22,7 @@ def sac_test(
         tags = [],
         size = "medium",
         timeout = "long",
+        modes = SAC_DISPATCH_MODES,
         **kwargs):
     lib = name + "_lib"
     native.cc_library(
@@ -35,7 +37,7 @@ def sac_test(
     )
 
     tests = []
-    for mode in SAC_DISPATCH_MODES:
+    for mode in modes:
         test_env = dict(env)
         test_env["SAC_DISPATCH"] = mode
         native.cc_test(

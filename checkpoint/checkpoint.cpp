@@ -1,37 +1,10 @@
 #include <sac/checkpoint/checkpoint.h>
 
 #include <sac/checkpoint/frame.h>
+#include <sac/checkpoint/frame_setup.h>
+#include <sac/checkpoint/function_rerun.h>
 
 namespace sac::detail {
-namespace {
-
-RegionContexts contexts_for(const CheckpointOptions& options) {
-  const bool selective_options =
-      options.allow_cache_entry_mutation().has_value() ||
-      options.recompute_decisions().has_value();
-  if (options.policy().has_value()) {
-    TORCH_CHECK(!options.context_fn(),
-                "sac::checkpoint: both a policy and a context_fn were given. "
-                "A policy is short for a context_fn; pass one of them (put the "
-                "policy into create_selective_checkpoint_contexts inside your "
-                "context_fn to combine them).");
-    return create_selective_checkpoint_contexts(
-        *options.policy(), options.allow_cache_entry_mutation().value_or(false),
-        options.recompute_decisions().value_or(RecomputeDecisions::ReplayForward));
-  }
-  TORCH_CHECK(!selective_options,
-              "sac::checkpoint: allow_cache_entry_mutation and "
-              "recompute_decisions apply to selective checkpointing, but no "
-              "policy was given. Add .policy(...), or drop those options (with "
-              "a context_fn, pass them to create_selective_checkpoint_contexts).");
-  if (options.context_fn()) {
-    return options.context_fn()();
-  }
-  return {};
-}
-
-}  // namespace
-
 // The frame and what is active during its forward. Declared in entry order:
 // destroying it exits them in reverse.
 struct CheckpointedCall::Active {
@@ -47,19 +20,15 @@ CheckpointedCall::CheckpointedCall(const CheckpointOptions& options,
                                    RecomputeFn recompute)
     : active_(std::make_unique<Active>()) {
   install_hooking_engine();
-  FrameConfig config;
-  config.early_stop = early_stop_override().value_or(options.early_stop());
-  config.debug = debug_override().value_or(options.debug());
-  config.debug_backtraces = options.debug_backtraces();
-  config.determinism_check =
-      options.determinism_check() == DeterminismCheck::Default;
-  config.outside_tensor_check = options.outside_tensor_check();
+  const FrameConfig config = frame_config(options);
+  auto rerun = std::make_shared<FunctionRerun>(std::move(recompute),
+                                               options.outside_tensor_check());
+  rerun->save_inputs(inputs);
   auto frame = std::make_shared<CheckpointFrame>(
-      config, std::move(recompute), contexts_for(options),
+      config, rerun, contexts_for(options),
       ForwardState::capture(inputs, options.preserve_rng_state()));
-  frame->save_inputs(inputs);
   active_->hooks.emplace(frame->forward_hooks());
-  if (auto* observer = frame->forward_observer()) {
+  if (auto* observer = rerun->forward_observer()) {
     active_->watch.emplace(observer);
   }
   active_->context.emplace(frame->forward_context());

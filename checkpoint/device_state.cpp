@@ -1,8 +1,10 @@
 #include <sac/checkpoint/device_state.h>
 
 #include <ATen/Context.h>
+#include <ATen/DeviceAccelerator.h>
 #include <ATen/autocast_mode.h>
 
+#include <algorithm>
 #include <mutex>
 
 namespace sac::detail {
@@ -47,9 +49,33 @@ std::optional<c10::DeviceType> accelerator_type(const std::vector<at::Tensor>& i
 
 ForwardState ForwardState::capture(const std::vector<at::Tensor>& inputs,
                                    bool preserve_rng) {
+  std::vector<c10::Device> devices;
+  for (const auto& t : inputs) {
+    if (t.defined() && !t.device().is_cpu() && !t.device().is_meta()) {
+      const auto device = t.device();
+      if (std::find(devices.begin(), devices.end(), device) == devices.end()) {
+        devices.push_back(device);
+      }
+    }
+  }
+  return capture_devices(accelerator_type(inputs), devices, preserve_rng);
+}
+
+ForwardState ForwardState::capture_current(bool preserve_rng) {
+  const std::optional<c10::DeviceType> accelerator = at::getAccelerator(false);
+  std::vector<c10::Device> devices;
+  if (accelerator.has_value() && at::accelerator::deviceCount() > 0) {
+    devices.emplace_back(*accelerator, at::accelerator::getDeviceIndex());
+  }
+  return capture_devices(accelerator, devices, preserve_rng);
+}
+
+ForwardState ForwardState::capture_devices(std::optional<c10::DeviceType> accelerator,
+                                           const std::vector<c10::Device>& devices,
+                                           bool preserve_rng) {
   ForwardState state;
   std::vector<c10::DeviceType> autocast_types{c10::DeviceType::CPU};
-  if (auto accelerator = accelerator_type(inputs)) {
+  if (accelerator.has_value()) {
     autocast_types.push_back(*accelerator);
   }
   for (const auto type : autocast_types) {
@@ -59,16 +85,9 @@ ForwardState ForwardState::capture(const std::vector<at::Tensor>& inputs,
   state.autocast_cache_enabled_ = at::autocast::is_autocast_cache_enabled();
 
   if (preserve_rng) {
-    std::vector<c10::Device> devices{c10::Device(c10::DeviceType::CPU)};
-    for (const auto& t : inputs) {
-      if (t.defined() && !t.device().is_cpu() && !t.device().is_meta()) {
-        const auto device = t.device();
-        if (std::find(devices.begin(), devices.end(), device) == devices.end()) {
-          devices.push_back(device);
-        }
-      }
-    }
-    for (const auto& device : devices) {
+    std::vector<c10::Device> generator_devices{c10::Device(c10::DeviceType::CPU)};
+    generator_devices.insert(generator_devices.end(), devices.begin(), devices.end());
+    for (const auto& device : generator_devices) {
       at::Generator live = at::globalContext().defaultGenerator(device);
       state.generators_.emplace_back(live, snapshot(live));
     }

@@ -30,6 +30,9 @@ class ForwardState {
   // accelerator device among `inputs` (as PyTorch does, only those devices).
   static ForwardState capture(const std::vector<at::Tensor>& inputs,
                               bool preserve_rng);
+  // For a region without inputs: the CPU and, if this process has one, the
+  // current device of the accelerator.
+  static ForwardState capture_current(bool preserve_rng);
 
   // While alive: the forward's generator states and autocast settings are
   // current; on destruction the ones that were current before come back.
@@ -48,6 +51,10 @@ class ForwardState {
   };
 
  private:
+  static ForwardState capture_devices(std::optional<c10::DeviceType> accelerator,
+                                      const std::vector<c10::Device>& devices,
+                                      bool preserve_rng);
+
   std::vector<GeneratorState> generators_;
   std::vector<AutocastSetting> autocast_;
   bool autocast_cache_enabled_ = true;

@@ -1,6 +1,8 @@
 #include <sac/checkpoint/frame.h>
 
 #include <sac/checkpoint/error.h>
+#include <sac/dispatch/interceptor.h>
+#include <sac/region/version_watch.h>
 
 #include <ATen/core/grad_mode.h>
 #include <c10/util/irange.h>
@@ -83,26 +85,6 @@ class ForwardHooks final : public torch::autograd::SavedVariableHooks {
   std::shared_ptr<Holder> holder_;
 };
 
-class RecomputeHooks final : public torch::autograd::SavedVariableHooks {
- public:
-  RecomputeHooks(std::weak_ptr<CheckpointFrame> frame, int64_t graph_task)
-      : frame_(std::move(frame)), graph_task_(graph_task) {}
-  void call_pack_hook(const at::Tensor& tensor) override {
-    value_ = tensor.requires_grad() ? tensor.detach() : tensor;
-    auto frame = frame_.lock();
-    TORCH_INTERNAL_ASSERT(frame, "sac: checkpoint frame freed during its recomputation");
-    frame->save_recomputed(graph_task_, value_);
-  }
-  // A graph built during recomputation is only backwarded through by a
-  // backward inside the checkpointed function; it sees the tensor as saved.
-  at::Tensor call_unpack_hook() override { return value_; }
-
- private:
-  std::weak_ptr<CheckpointFrame> frame_;
-  int64_t graph_task_;
-  at::Tensor value_;
-};
-
 // Unpacks outside any backward pass get an id of their own each (PyTorch uses
 // a fresh uuid), so each recomputes.
 int64_t current_graph_task() {
@@ -120,19 +102,28 @@ std::string CheckpointFrame::TensorMetadata::str() const {
   return out.str();
 }
 
-CheckpointFrame::CheckpointFrame(FrameConfig config, RecomputeFn recompute_fn,
+CheckpointFrame::CheckpointFrame(FrameConfig config,
+                                 std::shared_ptr<Recomputation> recomputation,
                                  RegionContexts contexts,
                                  ForwardState forward_state)
     : config_(config),
-      recompute_fn_(std::move(recompute_fn)),
+      recomputation_(std::move(recomputation)),
       contexts_(std::move(contexts)),
-      forward_state_(std::move(forward_state)) {
-  if (config_.outside_tensor_check) {
-    outside_tensors_ = std::make_unique<OutsideTensorWatch>();
-  }
+      forward_state_(std::move(forward_state)) {}
+
+CheckpointFrame::~CheckpointFrame() { release(); }
+
+void CheckpointFrame::abandon() {
+  abandoned_ = true;
+  release();
 }
 
-CheckpointFrame::~CheckpointFrame() {
+void CheckpointFrame::release() {
+  if (released_) {
+    return;
+  }
+  released_ = true;
+  recomputation_->release();
   if (!forward_entered_) {
     return;  // e.g. the contexts refused this region: their state is another's
   }
@@ -143,13 +134,6 @@ CheckpointFrame::~CheckpointFrame() {
   }
 }
 
-void CheckpointFrame::save_inputs(const std::vector<at::Tensor>& inputs) {
-  saved_inputs_.reserve(inputs.size());
-  for (const auto& input : inputs) {
-    saved_inputs_.emplace_back(input, /*is_output=*/false);
-  }
-}
-
 SavedTensorHooksFactory CheckpointFrame::forward_hooks() {
   return [frame = shared_from_this()] {
     return std::make_unique<ForwardHooks>(frame);
@@ -157,6 +141,7 @@ SavedTensorHooksFactory CheckpointFrame::forward_hooks() {
 }
 
 std::shared_ptr<Holder> CheckpointFrame::add_holder(const at::Tensor& packed) {
+  recomputation_->saved(packed);
   auto holder = std::make_shared<Holder>(packed);
   holders_.push_back(holder);
   if (config_.determinism_check) {
@@ -177,6 +162,12 @@ at::Tensor CheckpointFrame::unpack(Holder& holder) {
 }
 
 at::Tensor CheckpointFrame::unpack_unchecked(Holder& holder) {
+  SAC_CHECKPOINT_CHECK(
+      !abandoned_,
+      "sac: a tensor saved inside a checkpointed region is needed for "
+      "backward, but the region ended with an exception, so what would "
+      "recompute it is gone. Do not backward through the outputs of a "
+      "region that threw.");
   const int64_t graph_task = current_graph_task();
   if (!passes_[graph_task].recomputed) {
     recompute(graph_task);
@@ -199,36 +190,11 @@ void CheckpointFrame::recompute(int64_t graph_task) {
   // A backward inside an enclosing region's forward can start this
   // recomputation while that region's modes are active on the thread; they
   // must not see (and record) its ops, which the ordinary backward's
-  // recomputation would not show them. Its inputs may be holders of an
-  // enclosing region, whose recomputation this unpacking starts: isolated
-  // too, before it.
+  // recomputation would not show them. What it reads from outside may be
+  // held by an enclosing region, whose recomputation the pass's start
+  // begins: isolated too, and before this region's state is restored.
   dispatch::IsolationGuard isolate;
-  std::vector<at::Tensor> inputs;
-  inputs.reserve(saved_inputs_.size());
-  for (const auto i : c10::irange(saved_inputs_.size())) {
-    try {
-      inputs.push_back(saved_inputs_[i].unpack());
-    } catch (const c10::Error& error) {
-      SAC_CHECKPOINT_CHECK(
-          false, "sac::checkpoint: tensor argument ", i,
-          " of the checkpointed function cannot be given to its "
-          "recomputation: ", error.what_without_backtrace(),
-          "\nsac::checkpoint keeps its tensor arguments as autograd keeps the "
-          "inputs it saves, so they must not be modified in place between the "
-          "checkpoint call and backward; the checkpointed function modifying "
-          "its own argument counts too. Pass a clone (sac::checkpoint(fn, "
-          "x.clone())), or move the modification out of the region.");
-    }
-  }
-  std::optional<dispatch::ObserverGuard> watch;
-  if (outside_tensors_) {
-    watch.emplace(outside_tensors_->recompute_observer());
-  }
-  SavedTensorHooksGuard hooks(
-      [frame = weak_from_this(), graph_task] {
-        return std::make_unique<RecomputeHooks>(frame, graph_task);
-      });
-  at::AutoGradMode enable_grad(true);
+  std::unique_ptr<Recomputation::Pass> pass = recomputation_->begin(*this, graph_task);
   ForwardState::Restore forward_state(forward_state_);
   ContextScope context(contexts_.recompute.get());
   std::optional<OpLogScope> log;
@@ -237,7 +203,7 @@ void CheckpointFrame::recompute(int64_t graph_task) {
     log.emplace(recompute_log_, config_.debug_backtraces);
   }
   try {
-    recompute_fn_(inputs);
+    pass->run();
   } catch (const StopRecomputation&) {
   }
 }

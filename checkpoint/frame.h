@@ -1,21 +1,21 @@
-// The state of one checkpointed call: PyTorch's _CheckpointFrame.
+// The state of one checkpointed region: PyTorch's _CheckpointFrame.
 //
 // During the forward, each tensor autograd saves is replaced by a *holder*
 // (forward hooks). The first unpack of a holder in a backward pass recomputes
 // the region under the recompute context, with the forward's RNG and autocast
-// state; the recomputation's saved tensors fill the holders in the order the
-// forward packed them (recompute hooks), and recomputation stops early once
-// all are filled. Each backward pass (graph task) recomputes once.
+// state; the recomputation (recomputation.h: the function run again, or the
+// recorded ops replayed) fills the holders in the order the forward packed
+// them, and stops early once all are filled. Each backward pass (graph task)
+// recomputes once.
 //
 // The frame is owned by the hooks in the autograd graph: when the graph is
 // freed, after backward or when dropped, the frame and everything it keeps
 // (the contexts and their cache, the saved inputs) go with it.
 #pragma once
 
-#include <sac/checkpoint/checkpoint.h>
 #include <sac/checkpoint/debug_log.h>
 #include <sac/checkpoint/device_state.h>
-#include <sac/checkpoint/outside_tensor_watch.h>
+#include <sac/checkpoint/recomputation.h>
 #include <sac/checkpoint/saved_tensor_hooks.h>
 #include <sac/region/context.h>
 
@@ -37,38 +37,31 @@ struct FrameConfig {
   bool determinism_check = true;
   bool debug = false;
   bool debug_backtraces = false;
-  bool outside_tensor_check = true;
 };
 
 struct Holder;
 
 class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
  public:
-  CheckpointFrame(FrameConfig config, RecomputeFn recompute_fn,
+  CheckpointFrame(FrameConfig config, std::shared_ptr<Recomputation> recomputation,
                   RegionContexts contexts, ForwardState forward_state);
   // Releases the contexts (RegionContext::release), if the forward ran under
-  // them.
+  // them, and the recomputation.
   ~CheckpointFrame();
-
-  // Saves the inputs as autograd would (version-checked at unpack). Must be
-  // called before the forward hooks are installed, so that an enclosing
-  // checkpoint's hooks see them (that is how checkpoints nest).
-  void save_inputs(const std::vector<at::Tensor>& inputs);
 
   // Hooks for the tensors the forward saves.
   SavedTensorHooksFactory forward_hooks();
 
   RegionContext* forward_context() const { return contexts_.forward.get(); }
-  // What observes the forward's ops, or null (outside_tensor_check off).
-  dispatch::OpObserver* forward_observer() const {
-    return outside_tensors_ ? outside_tensors_->forward_observer() : nullptr;
-  }
   // The forward context was entered: from now on the contexts hold state for
   // this region, which the frame releases when it dies.
   void mark_forward_entered() { forward_entered_ = true; }
   OpLog& forward_log() { return forward_log_; }
   const FrameConfig& config() const { return config_; }
   void mark_forward_completed() { forward_completed_ = true; }
+  // The forward ended by an exception: its saved tensors cannot be
+  // recomputed, and what the recomputation kept is released now.
+  void abandon();
 
   // ---- Called by the hooks ------------------------------------------------
   std::shared_ptr<Holder> add_holder(const at::Tensor& packed);
@@ -91,21 +84,23 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
   };
 
   at::Tensor unpack_unchecked(Holder& holder);
+  // Releases the recomputation and the contexts, once.
+  void release();
   void recompute(int64_t graph_task);
   void check_recomputed_tensors_match(int64_t graph_task);
   [[noreturn]] void rethrow_with_logs(const c10::Error& error) const;
 
   FrameConfig config_;
-  RecomputeFn recompute_fn_;
+  std::shared_ptr<Recomputation> recomputation_;
   RegionContexts contexts_;
   ForwardState forward_state_;
-  std::unique_ptr<OutsideTensorWatch> outside_tensors_;
-  std::vector<torch::autograd::SavedVariable> saved_inputs_;
   std::vector<std::weak_ptr<Holder>> holders_;
   std::vector<TensorMetadata> metadata_;  // one per holder, with the check on
   std::unordered_map<int64_t, PassState> passes_;
   bool forward_entered_ = false;
   bool forward_completed_ = false;
+  bool abandoned_ = false;
+  bool released_ = false;
   OpLog forward_log_;
   OpLog recompute_log_;
 };

@@ -7,12 +7,6 @@
 namespace sac::detail {
 namespace {
 
-// Whether `op` writes argument `index` (in-place and out= arguments).
-bool writes(const c10::OperatorHandle& op, size_t index) {
-  const auto* alias = op.schema().arguments()[index].alias_info();
-  return alias != nullptr && alias->isWrite();
-}
-
 // Whether `op`'s outputs are new tensors (not views or written arguments).
 bool makes_new_tensors(const c10::OperatorHandle& op) {
   for (const auto& ret : op.schema().returns()) {
@@ -30,7 +24,7 @@ template <class F>
 void for_each_read(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                    F&& f) {
   for (size_t i = 0; i < args.size(); ++i) {
-    if (!writes(op, i)) {
+    if (!dispatch::writes_argument(op, i, args)) {
       dispatch::for_each_tensor(args[i], [&](const at::Tensor& t) { f(i, t); });
     }
   }
@@ -51,15 +45,17 @@ void OutsideTensorWatch::note(const at::Tensor& t, bool made_inside) {
   }
 }
 
-void OutsideTensorWatch::Recorder::before_op(const c10::OperatorHandle& op,
+void OutsideTensorWatch::Recorder::before_op(const dispatch::ObservedOp& call,
                                              c10::ArrayRef<c10::IValue> args) {
+  const c10::OperatorHandle& op = call.op;
   for_each_read(op, args, [&](size_t, const at::Tensor& t) {
     watch_.note(t, /*made_inside=*/false);
   });
 }
 
-void OutsideTensorWatch::Recorder::after_op(const c10::OperatorHandle& op,
+void OutsideTensorWatch::Recorder::after_op(const dispatch::ObservedOp& call,
                                             c10::ArrayRef<c10::IValue> outputs) {
+  const c10::OperatorHandle& op = call.op;
   if (!makes_new_tensors(op)) {
     return;  // a view or an in-place op: its output's counter is its input's
   }
@@ -69,8 +65,9 @@ void OutsideTensorWatch::Recorder::after_op(const c10::OperatorHandle& op,
   }
 }
 
-void OutsideTensorWatch::Checker::before_op(const c10::OperatorHandle& op,
+void OutsideTensorWatch::Checker::before_op(const dispatch::ObservedOp& call,
                                             c10::ArrayRef<c10::IValue> args) {
+  const c10::OperatorHandle& op = call.op;
   for_each_read(op, args, [&](size_t arg, const at::Tensor& t) {
     const auto it = watch_.seen_.find(
         version_counter_identity(t.unsafeGetTensorImpl()->version_counter()));

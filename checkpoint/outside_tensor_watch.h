@@ -48,9 +48,9 @@ class OutsideTensorWatch {
   class Recorder final : public dispatch::OpObserver {
    public:
     explicit Recorder(OutsideTensorWatch& watch) : watch_(watch) {}
-    void before_op(const c10::OperatorHandle& op,
+    void before_op(const dispatch::ObservedOp& call,
                    c10::ArrayRef<c10::IValue> args) override;
-    void after_op(const c10::OperatorHandle& op,
+    void after_op(const dispatch::ObservedOp& call,
                   c10::ArrayRef<c10::IValue> outputs) override;
 
    private:
@@ -59,9 +59,10 @@ class OutsideTensorWatch {
   class Checker final : public dispatch::OpObserver {
    public:
     explicit Checker(const OutsideTensorWatch& watch) : watch_(watch) {}
-    void before_op(const c10::OperatorHandle& op,
+    void before_op(const dispatch::ObservedOp& call,
                    c10::ArrayRef<c10::IValue> args) override;
-    void after_op(const c10::OperatorHandle&, c10::ArrayRef<c10::IValue>) override {}
+    void after_op(const dispatch::ObservedOp&,
+                  c10::ArrayRef<c10::IValue>) override {}
 
    private:
     const OutsideTensorWatch& watch_;

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/engine.h>
 
 #include <mutex>
+#include <utility>
 #include <vector>
 
 namespace sac::detail {
@@ -63,5 +64,15 @@ SavedTensorHooksGuard::SavedTensorHooksGuard(SavedTensorHooksFactory factory) {
 }
 
 SavedTensorHooksGuard::~SavedTensorHooksGuard() { tls_hooks.pop_back(); }
+
+torch::autograd::SavedVariable save_without_hooks(const at::Tensor& t) {
+  // The thread's hooks are hidden while the SavedVariable is made, and come
+  // back however it ends.
+  struct HideThreadHooks {
+    std::vector<SavedTensorHooksFactory> hidden = std::exchange(tls_hooks, {});
+    ~HideThreadHooks() { tls_hooks = std::move(hidden); }
+  } hide;
+  return torch::autograd::SavedVariable(t, /*is_output=*/false);
+}
 
 }  // namespace sac::detail

@@ -9,6 +9,7 @@
 // refuses with a CheckpointError instead.
 #pragma once
 
+#include <torch/csrc/autograd/saved_variable.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 
 #include <functional>
@@ -33,5 +34,9 @@ class SavedTensorHooksGuard {
   SavedTensorHooksGuard(const SavedTensorHooksGuard&) = delete;
   SavedTensorHooksGuard& operator=(const SavedTensorHooksGuard&) = delete;
 };
+
+// Saves `t` as autograd saves an input (SavedVariable(t, false)), without the
+// thread's hooks: what is saved is kept, not handed to a region's holders.
+torch::autograd::SavedVariable save_without_hooks(const at::Tensor& t);
 
 }  // namespace sac::detail

@@ -19,6 +19,14 @@ inline c10::ArrayRef<c10::IValue> outputs_on(const c10::OperatorHandle& op,
   return torch::jit::last(stack, op.schema().returns().size());
 }
 
+// Whether `op`, called with `args`, writes its argument `index`: in-place
+// and out= arguments and others its schema marks written (Tensor(a!)), and
+// the running statistics of the legacy batch-norm ops (native_batch_norm,
+// cudnn_batch_norm, miopen_batch_norm), which write them in training
+// without saying so in their schema.
+bool writes_argument(const c10::OperatorHandle& op, size_t index,
+                     c10::ArrayRef<c10::IValue> args);
+
 // Calls `f` on each defined tensor in `value` (a tensor, an optional
 // tensor, or a list of them, nested), in order.
 template <class F>

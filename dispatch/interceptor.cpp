@@ -84,10 +84,11 @@ void intercepting_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
   // Reaching the fallback means the key is included; per-op kernels run with
   // it excluded (sac includes it only under the fallback mechanism).
   SuspendInterception suspend(/*fallback_key_included=*/Key == kFallbackKey);
+  const ObservedOp call{op, below, state.interceptor};
   if (state.observing) {
     const auto args = arguments_on(op, *stack);
     for (OpObserver* observer : tls_observers) {
-      observer->before_op(op, args);
+      observer->before_op(call, args);
     }
   }
   if (state.interceptor != nullptr) {
@@ -98,7 +99,7 @@ void intercepting_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
   if (state.observing) {
     const auto outputs = outputs_on(op, *stack);
     for (OpObserver* observer : tls_observers) {
-      observer->after_op(op, outputs);
+      observer->after_op(call, outputs);
     }
   }
 }
@@ -417,10 +418,43 @@ void remove_observer(OpObserver* observer) {
 
 OpInterceptor* active_interceptor() { return tls_state.interceptor; }
 
+bool observers_see_every_op(std::string* reason) {
+  if (mechanism() == Mechanism::FallbackKey) {
+    return true;
+  }
+  if (reason != nullptr) {
+    std::string why;
+    *reason = fallback_key_available(&why)
+                  ? "this process uses per-op kernels (SAC_DISPATCH=per_op or "
+                    "sac::dispatch::set_mechanism), which never see views, "
+                    "in-place or out= ops"
+                  : "the fallback key is taken (" + why +
+                        "), so sac uses per-op kernels, which never see views, "
+                        "in-place or out= ops";
+  }
+  return false;
+}
+
+void call_op(const c10::OperatorHandle& op, c10::DispatchKeySet below,
+             bool intercepted, torch::jit::Stack* stack) {
+  if (intercepted) {
+    TORCH_INTERNAL_ASSERT(our_fallback_registered.load(std::memory_order_relaxed),
+                          "sac: call_op(intercepted) needs the fallback key");
+    // Through the fallback, whose kernel takes `below` back from the set.
+    op.redispatchBoxed(below | c10::DispatchKeySet(kFallbackKey), stack);
+    return;
+  }
+  // As the ops an interceptor runs: hidden from everything on the thread.
+  SuspendInterception suspend(
+      c10::impl::tls_is_dispatch_key_included(kFallbackKey));
+  op.redispatchBoxed(below, stack);
+}
+
 IsolationGuard::IsolationGuard()
     : hidden_interceptor_(std::exchange(tls_state.interceptor, nullptr)),
+      hidden_observing_(std::exchange(tls_state.observing, false)),
+      hidden_fallback_included_(c10::impl::tls_is_dispatch_key_included(kFallbackKey)),
       hidden_observers_(std::exchange(tls_observers, {})) {
-  tls_state.observing = false;
   sync_fallback_key(tls_state);
 }
 
@@ -429,9 +463,11 @@ IsolationGuard::~IsolationGuard() {
                         "sac: an interceptor or observer outlived the isolation "
                         "guard it was added under");
   tls_state.interceptor = hidden_interceptor_;
+  tls_state.observing = hidden_observing_;
   tls_observers = std::move(hidden_observers_);
-  tls_state.observing = !tls_observers.empty();
-  sync_fallback_key(tls_state);
+  if (c10::impl::tls_is_dispatch_key_included(kFallbackKey) != hidden_fallback_included_) {
+    c10::impl::tls_set_dispatch_key_included(kFallbackKey, hidden_fallback_included_);
+  }
 }
 
 }  // namespace sac::dispatch

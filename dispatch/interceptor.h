@@ -36,6 +36,7 @@
 #include <c10/core/DispatchKeySet.h>
 
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -97,6 +98,16 @@ void intercept_ops(c10::ArrayRef<c10::OperatorHandle> ops);
 using OpFilter = bool (*)(const c10::OperatorHandle& op);
 void intercept_ops_matching(OpFilter filter);
 
+// What an observer is told about an op, besides its arguments or outputs.
+struct ObservedOp {
+  const c10::OperatorHandle& op;
+  // The keys it runs with below the interception point: with `call_op`, the
+  // op can be run again as it ran here.
+  c10::DispatchKeySet below;
+  // The interceptor that handles it, or null when it just runs.
+  const OpInterceptor* interceptor;
+};
+
 // Sees every op intercepted on its thread while it is added, whichever
 // interceptor (if any) handles it: all observers of a thread see each op, in
 // the order they were added. Observers only look; they must not change the
@@ -104,17 +115,31 @@ void intercept_ops_matching(OpFilter filter);
 //
 // Under `PerOpKernels`, an observer sees only the ops that have an
 // intercepting kernel (see intercept_ops_matching): never views, in-place or
-// out= ops, which keep LibTorch's own ADInplaceOrView kernel.
+// out= ops, which keep LibTorch's own ADInplaceOrView kernel. See
+// observers_see_every_op.
 class OpObserver {
  public:
   virtual ~OpObserver() = default;
   // Before the op runs (or is served by the interceptor): its arguments.
-  virtual void before_op(const c10::OperatorHandle& op,
+  virtual void before_op(const ObservedOp& call,
                          c10::ArrayRef<c10::IValue> args) = 0;
   // After it returned normally: its outputs.
-  virtual void after_op(const c10::OperatorHandle& op,
+  virtual void after_op(const ObservedOp& call,
                         c10::ArrayRef<c10::IValue> outputs) = 0;
 };
+
+// Whether observers see every op dispatched on their thread, views, in-place
+// and out= ops included: true under `FallbackKey` only. Chooses the mechanism
+// if none is chosen yet. When false, `reason` (if given) says why.
+bool observers_see_every_op(std::string* reason = nullptr);
+
+// Runs an op that an observer saw, again, on `stack` (its arguments): with
+// the key set `below` it ran with, and, if `intercepted`, through the
+// interceptor and observers active on this thread now, as if it were called
+// from where sac intercepts. Without `intercepted`, nothing sees it, nor the
+// ops its kernel calls. `intercepted` needs `observers_see_every_op()`.
+void call_op(const c10::OperatorHandle& op, c10::DispatchKeySet below,
+             bool intercepted, torch::jit::Stack* stack);
 
 // Adds `observer` on this thread / removes it. Prefer `ObserverGuard`.
 void add_observer(OpObserver* observer);
@@ -147,7 +172,11 @@ class IsolationGuard {
   IsolationGuard& operator=(const IsolationGuard&) = delete;
 
  private:
+  // The thread's state before, restored as it was: inside an interceptor or
+  // observer, interception is suspended, and must stay so after the guard.
   OpInterceptor* hidden_interceptor_;
+  bool hidden_observing_;
+  bool hidden_fallback_included_;
   std::vector<OpObserver*> hidden_observers_;
 };
 

@@ -9,6 +9,9 @@
 //
 //   sac_fuzz [--cases N] [--seed S] [--jobs J] [--replay SEED[,SEED...]] [--verbose]
 //   env: SAC_DISPATCH (per_op | fallback | auto, inherited by the children),
+//        SAC_FUZZ_REGIONS (checkpoint | guard | mixed: regions are
+//        sac::checkpoint calls, sac::CheckpointRegion guards, or either, by
+//        region; default checkpoint; guards need the fallback key),
 //        SAC_FUZZ_CASES (overrides --cases), SAC_FUZZ_SECONDS (run until the
 //        time is spent, for long runs), SAC_FUZZ_TIMEOUT (seconds without a
 //        result before a child counts as hung; 120), SAC_FUZZ_SKIP (op
@@ -632,11 +635,28 @@ const std::set<std::string>& skipped_families() {
   return skipped;
 }
 
+// How regions are checkpointed (SAC_FUZZ_REGIONS).
+enum class RegionsAs { Checkpoint, Guard, Mixed };
+RegionsAs regions_as() {
+  static const RegionsAs mode = [] {
+    const char* env = std::getenv("SAC_FUZZ_REGIONS");
+    const std::string value = env ? env : "checkpoint";
+    if (value == "checkpoint") return RegionsAs::Checkpoint;
+    if (value == "guard") return RegionsAs::Guard;
+    if (value == "mixed") return RegionsAs::Mixed;
+    std::cerr << "sac_fuzz: SAC_FUZZ_REGIONS=" << value << " is not checkpoint, guard or mixed\n";
+    std::exit(2);
+  }();
+  return mode;
+}
+
 // The environment a replay needs.
 std::string replay_env() {
   const char* dispatch = std::getenv("SAC_DISPATCH");
   const char* skip = std::getenv("SAC_FUZZ_SKIP");
+  const char* regions = std::getenv("SAC_FUZZ_REGIONS");
   return std::string("SAC_DISPATCH=") + (dispatch ? dispatch : "auto") +
+         (regions && *regions ? std::string(" SAC_FUZZ_REGIONS=") + regions : std::string()) +
          (skip && *skip ? std::string(" SAC_FUZZ_SKIP=") + skip : std::string());
 }
 
@@ -1424,6 +1444,9 @@ class Runner {
     std::vector<at::Tensor> outs;
     if (!checkpointed_) {
       outs = body(r, args);
+    } else if (as_guard(r)) {
+      sac::CheckpointRegion guard(options_for(R));
+      outs = body(r, args);
     } else {
       // The region index travels as a non-tensor argument, so a copy of it
       // must come back intact for the recomputation.
@@ -1460,6 +1483,17 @@ class Runner {
       throw std::logic_error("sac_fuzz: region returned " + std::to_string(outs.size()) + " values");
     }
     for (size_t k = 0; k < outs.size(); ++k) env[R.outs[k]] = outs[k];
+  }
+
+  // Whether region `r` runs under a sac::CheckpointRegion guard rather than
+  // in a sac::checkpoint call.
+  bool as_guard(int64_t r) const {
+    switch (regions_as()) {
+      case RegionsAs::Checkpoint: return false;
+      case RegionsAs::Guard: return true;
+      case RegionsAs::Mixed: return (p_.seed + static_cast<uint64_t>(r)) % 2 == 1;
+    }
+    return false;
   }
 
   static sac::Policy make_policy(const PolicySpec& s) {

@@ -1,0 +1,170 @@
+#include <sac/checkpoint/region.h>
+
+#include <sac/checkpoint/error.h>
+#include <sac/checkpoint/frame_setup.h>
+#include <sac/dispatch/interceptor.h>
+#include <sac/record/recorder.h>
+#include <sac/record/replay.h>
+
+#include <c10/core/GradMode.h>
+
+#include <exception>
+#include <optional>
+
+namespace sac {
+namespace detail {
+
+// Recomputation by replaying what the region recorded.
+class RegionReplay final : public Recomputation {
+ public:
+  // The region began; `region_interceptor` is its interceptor (or null).
+  dispatch::OpObserver* start_recording(const dispatch::OpInterceptor* region_interceptor) {
+    recorder_.emplace(recording_, region_interceptor, [](const at::Tensor& t) {
+      // Detached: the data and the version counter, not the graph. A
+      // tensor the region's own graph made (by a backward inside the
+      // region) would otherwise keep the graph, and so this frame, alive.
+      // tensor_data(), not detach(): below autograd, where the recorder
+      // mostly runs, detach() makes a tensor with a version counter of its
+      // own.
+      // Not through an enclosing region's hooks: the tensors a backward
+      // inside this region makes are outside tensors here, and would add
+      // holders to the enclosing region in its forward that its
+      // recomputation does not add.
+      return save_without_hooks(t.tensor_data());
+    });
+    return &*recorder_;
+  }
+
+  void finish_recording() { recorder_.reset(); }
+
+  void saved(const at::Tensor& packed) override {
+    TORCH_INTERNAL_ASSERT(recorder_.has_value(),
+                          "sac: a region saved a tensor after it ended");
+    recorder_->mark(packed);
+  }
+
+  std::unique_ptr<Pass> begin(CheckpointFrame& frame, int64_t graph_task) override {
+    std::vector<at::Tensor> outside(recording_.outside.size());
+    for (size_t i = 0; i < recording_.outside.size(); ++i) {
+      const record::Outside& kept = recording_.outside[i];
+      if (kept.snapshot.has_value()) {
+        continue;
+      }
+      try {
+        outside[i] = kept.saved.unpack();
+      } catch (const c10::Error& error) {
+        SAC_CHECKPOINT_CHECK(
+            false, "sac::CheckpointRegion: a tensor the region read but did "
+            "not make (shape ", c10::IntArrayRef(kept.sizes), ": a parameter, "
+            "a buffer, a tensor made before the region) cannot be given to "
+            "its replay: ", error.what_without_backtrace(),
+            "\nThe region keeps such tensors as autograd keeps the inputs it "
+            "saves: do not modify them in place between the region and "
+            "backward (modify a clone, or run the backward first).");
+      }
+    }
+    return std::make_unique<ReplayPass>(recording_, std::move(outside),
+                                        frame.weak_from_this(), graph_task);
+  }
+
+  void release() override {
+    recorder_.reset();
+    recording_.clear();
+  }
+
+ private:
+  class ReplayPass final : public Pass {
+   public:
+    ReplayPass(const record::Recording& recording, std::vector<at::Tensor> outside,
+               std::weak_ptr<CheckpointFrame> frame, int64_t graph_task)
+        : recording_(recording),
+          outside_(std::move(outside)),
+          frame_(std::move(frame)),
+          graph_task_(graph_task) {}
+
+    void run() override {
+      auto frame = frame_.lock();
+      TORCH_INTERNAL_ASSERT(frame, "sac: checkpoint frame freed during its replay");
+      record::replay(recording_, std::move(outside_),
+                     [&](size_t, const at::Tensor& value) {
+                       frame->save_recomputed(
+                           graph_task_, value.requires_grad() ? value.tensor_data() : value);
+                     });
+    }
+
+   private:
+    const record::Recording& recording_;
+    std::vector<at::Tensor> outside_;
+    std::weak_ptr<CheckpointFrame> frame_;
+    int64_t graph_task_;
+  };
+
+  record::Recording recording_;
+  std::optional<record::Recorder> recorder_;
+};
+
+}  // namespace detail
+
+// What is active while the region runs. Declared in entry order: destroying
+// it exits them in reverse.
+struct CheckpointRegion::Active {
+  int exceptions_at_start = std::uncaught_exceptions();
+  std::shared_ptr<detail::CheckpointFrame> frame;
+  std::shared_ptr<detail::RegionReplay> replay;
+  std::optional<detail::SavedTensorHooksGuard> hooks;
+  std::optional<ContextScope> context;
+  std::optional<dispatch::ObserverGuard> recorder;
+  std::optional<detail::OpLogScope> log;
+};
+
+CheckpointRegion::CheckpointRegion(const CheckpointOptions& options) {
+  if (!c10::GradMode::is_enabled()) {
+    return;
+  }
+  std::string why;
+  SAC_CHECKPOINT_CHECK(
+      dispatch::observers_see_every_op(&why),
+      "sac::CheckpointRegion records every op of the region below autograd, "
+      "views and in-place ops included, which only sac's fallback-key "
+      "dispatch mechanism sees; but ", why, ". Use sac::checkpoint(fn, "
+      "args...) for this code instead: it works with either mechanism.");
+  TORCH_CHECK(options.outside_tensor_check(),
+              "sac::CheckpointRegion: outside_tensor_check(false) is not "
+              "supported: a region keeps the tensors it reads from outside as "
+              "autograd keeps saved inputs, and always checks them. Drop the "
+              "option.");
+  detail::install_hooking_engine();
+  const detail::FrameConfig config = detail::frame_config(options);
+  auto active = std::make_unique<Active>();
+  active->replay = std::make_shared<detail::RegionReplay>();
+  active->frame = std::make_shared<detail::CheckpointFrame>(
+      config, active->replay, detail::contexts_for(options),
+      detail::ForwardState::capture_current(options.preserve_rng_state()));
+  active->hooks.emplace(active->frame->forward_hooks());
+  active->context.emplace(active->frame->forward_context());
+  active->frame->mark_forward_entered();
+  active->recorder.emplace(
+      active->replay->start_recording(dispatch::active_interceptor()));
+  if (config.debug) {
+    active->log.emplace(active->frame->forward_log(), config.debug_backtraces);
+  }
+  active_ = std::move(active);
+}
+
+CheckpointRegion::~CheckpointRegion() {
+  if (!active_) {
+    return;
+  }
+  const bool threw = std::uncaught_exceptions() > active_->exceptions_at_start;
+  auto frame = std::move(active_->frame);
+  auto replay = std::move(active_->replay);
+  active_.reset();  // exits the forward: log, recorder, context, hooks
+  replay->finish_recording();
+  if (threw) {
+    frame->abandon();
+  } else {
+    frame->mark_forward_completed();
+  }
+}
+
+}  // namespace sac

@@ -1,0 +1,369 @@
+#include <sac/record/recorder.h>
+
+#include <sac/dispatch/boxed.h>
+
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <c10/util/Exception.h>
+
+#include <mutex>
+#include <string_view>
+#include <unordered_set>
+
+namespace sac::record {
+namespace {
+
+bool starts_with(std::string_view s, std::string_view prefix) {
+  return s.substr(0, prefix.size()) == prefix;
+}
+
+// Ops that return fresh, uninitialized memory.
+bool makes_uninitialized_memory(const c10::OperatorHandle& op) {
+  const std::string& name = op.operator_name().name;
+  return name == "aten::empty" || name == "aten::empty_like" ||
+         name == "aten::empty_strided" || name == "aten::new_empty" ||
+         name == "aten::new_empty_strided" || name == "aten::empty_permuted";
+}
+
+// In-place ops whose result does not depend on what `self` held.
+bool overwrites_self(const c10::OperatorHandle& op) {
+  static const std::unordered_set<std::string> names{
+      "aten::copy_",     "aten::fill_",        "aten::zero_",
+      "aten::normal_",   "aten::uniform_",     "aten::random_",
+      "aten::bernoulli_", "aten::exponential_", "aten::geometric_",
+      "aten::cauchy_",   "aten::log_normal_"};
+  return names.count(op.operator_name().name) != 0;
+}
+
+// Whether `op` reads what argument `index` holds. A view reads nothing
+// (until something reads the view); an out= argument is only written; an
+// in-place op reads its `self` unless it overwrites it whole.
+bool reads_argument(const c10::OperatorHandle& op, size_t index) {
+  const c10::Argument& argument = op.schema().arguments()[index];
+  const auto* alias = argument.alias_info();
+  if (alias == nullptr) {
+    return true;
+  }
+  return alias->isWrite() && !argument.is_out() &&
+         !(index == 0 && overwrites_self(op));
+}
+
+void refuse_unreplayable(const c10::OperatorHandle& op) {
+  const std::string& name = op.operator_name().name;
+  TORCH_CHECK(!starts_with(name, "c10d::") && !starts_with(name, "_c10d_functional::"),
+              "sac::CheckpointRegion: the region calls the collective ", name,
+              ", which replaying it in backward would run a second time (a "
+              "second communication that the other ranks do not make). Run "
+              "collectives outside the region, or checkpoint this code with "
+              "sac::checkpoint.");
+}
+
+bool holds_tensor(const c10::IValue& value) {
+  if (value.isTensor()) {
+    return value.toTensor().defined();
+  }
+  if (value.isList()) {
+    for (const auto& element : value.toListRef()) {
+      if (holds_tensor(element)) {
+        return true;
+      }
+    }
+  } else if (value.isTuple()) {
+    for (const auto& element : value.toTupleRef().elements()) {
+      if (holds_tensor(element)) {
+        return true;
+      }
+    }
+  } else if (value.isGenericDict()) {
+    for (const auto& entry : value.toGenericDict()) {
+      if (holds_tensor(entry.key()) || holds_tensor(entry.value())) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+// A byte tensor over all of `storage`.
+at::Tensor bytes_of(const c10::Storage& storage) {
+  return at::empty({0}, at::TensorOptions().dtype(at::kByte).device(storage.device()))
+      .set_(storage, 0, {static_cast<int64_t>(storage.nbytes())}, {1});
+}
+
+// Whether `t`'s memory came from an allocator. Memory that did not
+// (torch::from_blob, DLPack) belongs to someone else, who may free or
+// change it before backward.
+bool owns_memory(const at::Tensor& t) { return t.storage().allocator() != nullptr; }
+
+}  // namespace
+
+Recorder::Recorder(Recording& recording,
+                   const dispatch::OpInterceptor* region_interceptor,
+                   SaveOutside save_outside)
+    : recording_(recording),
+      region_interceptor_(region_interceptor),
+      save_outside_(std::move(save_outside)) {}
+
+void Recorder::mark(const at::Tensor& t) {
+  const ValueId value = resolve(t);
+  recording_.steps.push_back({Step::Kind::Mark, value});
+  ++recording_.marks;
+}
+
+void Recorder::finish() {
+  known_.clear();
+  storages_.clear();
+  pending_.reset();
+  save_outside_ = nullptr;  // it may keep an enclosing region alive
+}
+
+void Recorder::before_op(const dispatch::ObservedOp& call,
+                         c10::ArrayRef<c10::IValue> args) {
+  pending_.reset();
+  const c10::OperatorHandle& op = call.op;
+  refuse_unreplayable(op);
+  // The copies and constants a call needs are made before it runs, reads
+  // first: an in-place op on memory filled outside the dispatcher reads it
+  // as it was, and a call that reads and writes outside memory (BatchNorm's
+  // running statistics) reads the copy in replay.
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (reads_argument(op, i)) {
+      dispatch::for_each_tensor(args[i], [&](const at::Tensor& t) { before_read(t); });
+    }
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (dispatch::writes_argument(op, i, args)) {
+      dispatch::for_each_tensor(args[i], [&](const at::Tensor& t) { before_write(t); });
+    }
+  }
+  Call recorded(op);
+  recorded.below = call.below;
+  recorded.intercepted = call.interceptor == region_interceptor_;
+  recorded.arguments.reserve(args.size());
+  bool writes_any = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    recorded.arguments.push_back(record_argument(op, i, args[i]));
+    writes_any = writes_any || dispatch::writes_argument(op, i, args);
+  }
+  recorded.replayed = writes_any;  // and calls that return tensors (after_op)
+  pending_ = std::move(recorded);
+  pending_fresh_memory_ = makes_uninitialized_memory(op);
+}
+
+void Recorder::after_op(const dispatch::ObservedOp& call,
+                        c10::ArrayRef<c10::IValue> outputs) {
+  if (!pending_.has_value() || pending_->op != call.op) {
+    pending_.reset();
+    return;
+  }
+  Call recorded = std::move(*pending_);
+  pending_.reset();
+  recorded.first_output = recording_.values;
+  for (const auto& output : outputs) {
+    dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
+      const ValueId value = recording_.new_value();
+      remember(t, value);
+      if (pending_fresh_memory_) {
+        if (StorageState* state = storage_of(t)) {
+          state->uninitialized = true;
+        }
+      }
+      ++recorded.outputs;
+    });
+  }
+  recorded.replayed = recorded.replayed || recorded.outputs > 0;
+  recording_.steps.push_back(
+      {Step::Kind::Call, static_cast<uint32_t>(recording_.calls.size())});
+  recording_.calls.push_back(std::move(recorded));
+}
+
+Argument Recorder::record_argument(const c10::OperatorHandle& op, size_t index,
+                                   const c10::IValue& arg) {
+  Argument recorded;
+  if (arg.isTensor() && arg.toTensor().defined()) {
+    recorded.kind = Argument::Kind::Tensor;
+    recorded.tensors.push_back(resolve(arg.toTensor()));
+    return recorded;
+  }
+  if (arg.isGenerator()) {
+    // Its state now, before the call draws: replay draws from a copy.
+    at::Generator generator = arg.toGenerator();
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    recorded.kind = Argument::Kind::Generator;
+    recorded.constant = c10::IValue(generator.clone());
+    return recorded;
+  }
+  TORCH_CHECK(!arg.isStorage(), "sac::CheckpointRegion: cannot record ",
+              op.operator_name(), ": its argument '",
+              op.schema().arguments()[index].name(),
+              "' is a Storage, which the recording cannot follow from one op "
+              "to the next. Keep this op outside the region, or checkpoint "
+              "this code with sac::checkpoint.");
+  if (arg.isList() && holds_tensor(arg)) {
+    recorded.kind = Argument::Kind::List;
+    c10::List<c10::IValue> list = arg.toList().copy();
+    const bool optional_elements = !arg.isTensorList();
+    for (size_t i = 0; i < list.size(); ++i) {
+      const c10::IValue element = list.get(i);
+      TORCH_CHECK(element.isTensor() || element.isNone(),
+                  "sac::CheckpointRegion: cannot record ", op.operator_name(),
+                  ": its argument '", op.schema().arguments()[index].name(),
+                  "' nests tensors deeper than a list of tensors.");
+      if (element.isTensor() && element.toTensor().defined()) {
+        recorded.tensors.push_back(resolve(element.toTensor()));
+        list.set(i, optional_elements ? c10::IValue() : c10::IValue(at::Tensor()));
+      } else {
+        recorded.tensors.push_back(std::nullopt);
+      }
+    }
+    recorded.constant = c10::IValue(std::move(list));
+    return recorded;
+  }
+  TORCH_CHECK(!holds_tensor(arg), "sac::CheckpointRegion: cannot record ",
+              op.operator_name(), ": its argument '",
+              op.schema().arguments()[index].name(),
+              "' holds tensors in a container other than a list.");
+  recorded.constant = arg;
+  return recorded;
+}
+
+ValueId Recorder::resolve(const at::Tensor& t) {
+  const auto known = known_.find(t.unsafeGetTensorImpl());
+  if (known != known_.end()) {
+    return known->second.value;
+  }
+  // A tensor no op returned, on memory a value lies on: an alias made
+  // without an op. It is as_strided of the last value made there.
+  StorageState* state = storage_of(t);
+  if (state != nullptr && state->latest.has_value() &&
+      state->latest_dtype == t.dtype()) {
+    Alias alias{recording_.new_value(), *state->latest, t.sizes().vec(),
+                t.strides().vec(), t.storage_offset()};
+    recording_.steps.push_back(
+        {Step::Kind::Alias, static_cast<uint32_t>(recording_.aliases.size())});
+    recording_.aliases.push_back(std::move(alias));
+    remember(t, recording_.aliases.back().value);
+    return recording_.aliases.back().value;
+  }
+  return add_outside(t);
+}
+
+ValueId Recorder::add_outside(const at::Tensor& t) {
+  StorageState* state = storage_of(t);
+  if (state == nullptr && t.has_storage() && !owns_memory(t)) {
+    // Someone else's memory may be gone (or changed) by backward.
+    state = &state_of(t);
+    take_snapshot(t, *state);
+  }
+  if (state != nullptr && state->snapshot.has_value()) {
+    return add_copied(t, *state);
+  }
+  Outside outside = layout_of(t);
+  outside.saved = save_outside_(t);
+  return append_outside(t, std::move(outside));
+}
+
+ValueId Recorder::add_copied(const at::Tensor& t, StorageState& state) {
+  Outside outside = layout_of(t);
+  outside.snapshot = state.snapshot;
+  const ValueId value = append_outside(t, std::move(outside));
+  copied_.insert(value);
+  return value;
+}
+
+Outside Recorder::layout_of(const at::Tensor& t) {
+  Outside outside;
+  outside.value = recording_.new_value();
+  outside.sizes = t.sizes().vec();
+  outside.strides = t.strides().vec();
+  outside.storage_offset = t.storage_offset();
+  outside.options = t.options();
+  return outside;
+}
+
+ValueId Recorder::append_outside(const at::Tensor& t, Outside outside) {
+  const size_t index = recording_.outside.size();
+  const ValueId value = outside.value;
+  recording_.steps.push_back({Step::Kind::Outside, static_cast<uint32_t>(index)});
+  recording_.outside.push_back(std::move(outside));
+  remember(t, value);
+  if (StorageState* state = storage_of(t)) {
+    state->outside.push_back(index);
+  }
+  return value;
+}
+
+Recorder::StorageState& Recorder::state_of(const at::Tensor& t) {
+  const c10::Storage& storage = t.storage();
+  return storages_.try_emplace(storage.unsafeGetStorageImpl(), storage.getWeakStorageImpl())
+      .first->second;
+}
+
+void Recorder::remember(const at::Tensor& t, ValueId value) {
+  known_.insert_or_assign(t.unsafeGetTensorImpl(),
+                          Known{WeakTensorImpl(t.getIntrusivePtr()), value});
+  if (!t.has_storage()) {
+    return;
+  }
+  StorageState& state = state_of(t);
+  state.latest = value;
+  state.latest_dtype = t.dtype();
+}
+
+Recorder::StorageState* Recorder::storage_of(const at::Tensor& t) {
+  if (!t.has_storage()) {
+    return nullptr;
+  }
+  const auto it = storages_.find(t.storage().unsafeGetStorageImpl());
+  return it == storages_.end() ? nullptr : &it->second;
+}
+
+void Recorder::before_write(const at::Tensor& t) {
+  if (!t.has_storage()) {
+    resolve(t);
+    return;
+  }
+  if (known_.count(t.unsafeGetTensorImpl()) == 0 && storage_of(t) == nullptr) {
+    // Outside memory seen first by a write: copied before it is named, so
+    // that it is not saved as well.
+    take_snapshot(t, state_of(t));
+  }
+  resolve(t);
+  StorageState& state = *storage_of(t);
+  state.uninitialized = false;
+  if (!state.outside.empty() && !state.snapshot.has_value()) {
+    take_snapshot(t, state);
+  }
+}
+
+void Recorder::take_snapshot(const at::Tensor& t, StorageState& state) {
+  // The region writes memory it did not make. Replay must not write it a
+  // second time: it replays on a copy of the memory as it is now.
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  state.snapshot = recording_.snapshots.size();
+  recording_.snapshots.push_back(bytes_of(t.storage()).clone());
+  for (const size_t index : state.outside) {
+    Outside& outside = recording_.outside[index];
+    outside.saved = torch::autograd::SavedVariable();
+    outside.snapshot = state.snapshot;
+  }
+}
+
+void Recorder::before_read(const at::Tensor& t) {
+  StorageState* state = storage_of(t);
+  if (state == nullptr || !state->uninitialized) {
+    return;
+  }
+  const auto known = known_.find(t.unsafeGetTensorImpl());
+  if (known != known_.end() && copied_.count(known->second.value) != 0) {
+    return;
+  }
+  // Memory from an empty-like op that no op wrote holds what code outside
+  // the dispatcher put there (torch::tensor(std::vector) does): replay reads
+  // a copy of it as it is now.
+  if (!state->snapshot.has_value()) {
+    take_snapshot(t, *state);
+  }
+  add_copied(t, *state);
+}
+
+}  // namespace sac::record

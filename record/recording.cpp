@@ -1,0 +1,58 @@
+#include <sac/record/recording.h>
+
+#include <sstream>
+
+namespace sac::record {
+
+size_t Recording::bytes() const {
+  size_t total = 0;
+  for (const auto& snapshot : snapshots) {
+    total += snapshot.storage().nbytes();
+  }
+  return total;
+}
+
+std::string Recording::str() const {
+  std::ostringstream out;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Step& step = steps[i];
+    out << i << ": ";
+    switch (step.kind) {
+      case Step::Kind::Call: {
+        const Call& call = calls[step.index];
+        out << "%" << call.first_output << ".." << call.first_output + call.outputs << " = "
+            << call.op.operator_name() << "(";
+        for (const Argument& argument : call.arguments) {
+          if (argument.kind == Argument::Kind::Constant) {
+            out << argument.constant.tagKind() << ", ";
+            continue;
+          }
+          for (const auto& value : argument.tensors) {
+            out << (value.has_value() ? "%" + std::to_string(*value) : std::string("_")) << " ";
+          }
+          out << ", ";
+        }
+        out << ")" << (call.intercepted ? "" : " [not intercepted]")
+            << (call.replayed ? "" : " [not replayed]");
+        break;
+      }
+      case Step::Kind::Outside: {
+        const Outside& o = outside[step.index];
+        out << "%" << o.value << " = outside" << (o.snapshot ? " (copy)" : "");
+        break;
+      }
+      case Step::Kind::Alias: {
+        const Alias& a = aliases[step.index];
+        out << "%" << a.value << " = alias of %" << a.base;
+        break;
+      }
+      case Step::Kind::Mark:
+        out << "mark %" << step.index;
+        break;
+    }
+    out << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace sac::record
