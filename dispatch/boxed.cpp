@@ -1,7 +1,6 @@
 #include <sac/dispatch/boxed.h>
 
 #include <algorithm>
-#include <array>
 #include <vector>
 
 namespace sac::dispatch {
@@ -10,27 +9,29 @@ namespace {
 // Ops whose arguments 3 and 4 (running_mean, running_var) are written when
 // argument 5 (training) is true, though their schema does not say so.
 const std::vector<c10::OperatorHandle>& legacy_batch_norms() {
-  static const std::vector<c10::OperatorHandle> ops = [] {
-    constexpr std::array<std::pair<const char*, const char*>, 6> names{{
-        {"aten::native_batch_norm", ""},
-        {"aten::native_batch_norm", "out"},
-        {"aten::cudnn_batch_norm", ""},
-        {"aten::cudnn_batch_norm", "out"},
-        {"aten::miopen_batch_norm", ""},
-        {"aten::miopen_batch_norm", "out"},
-    }};
-    std::vector<c10::OperatorHandle> found;
-    for (const auto& [name, overload] : names) {
-      if (auto op = c10::Dispatcher::singleton().findSchema({name, overload})) {
-        found.push_back(*op);
-      }
-    }
-    return found;
-  }();
+  static const std::vector<c10::OperatorHandle> ops = registered_ops({
+      {"aten::native_batch_norm", ""},
+      {"aten::native_batch_norm", "out"},
+      {"aten::cudnn_batch_norm", ""},
+      {"aten::cudnn_batch_norm", "out"},
+      {"aten::miopen_batch_norm", ""},
+      {"aten::miopen_batch_norm", "out"},
+  });
   return ops;
 }
 
 }  // namespace
+
+std::vector<c10::OperatorHandle> registered_ops(
+    c10::ArrayRef<std::pair<const char*, const char*>> names) {
+  std::vector<c10::OperatorHandle> found;
+  for (const auto& [name, overload] : names) {
+    if (auto op = c10::Dispatcher::singleton().findSchema({name, overload})) {
+      found.push_back(*op);
+    }
+  }
+  return found;
+}
 
 bool writes_argument(const c10::OperatorHandle& op, size_t index,
                      c10::ArrayRef<c10::IValue> args) {

@@ -5,6 +5,9 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <utility>
+#include <vector>
+
 namespace sac::dispatch {
 
 // The arguments of `op` on `stack`, before it runs.
@@ -18,6 +21,11 @@ inline c10::ArrayRef<c10::IValue> outputs_on(const c10::OperatorHandle& op,
                                              const torch::jit::Stack& stack) {
   return torch::jit::last(stack, op.schema().returns().size());
 }
+
+// The registered ops among `names` ({name, overload}; "" for the default
+// overload), in order. Names not registered in this process are left out.
+std::vector<c10::OperatorHandle> registered_ops(
+    c10::ArrayRef<std::pair<const char*, const char*>> names);
 
 // Whether `op`, called with `args`, writes its argument `index`: in-place
 // and out= arguments and others its schema marks written (Tensor(a!)), and

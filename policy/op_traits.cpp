@@ -1,5 +1,7 @@
 #include <sac/policy/op_traits.h>
 
+#include <sac/dispatch/boxed.h>
+
 #include <ATen/core/enum_tag.h>
 
 #include <array>
@@ -28,15 +30,7 @@ constexpr std::array<std::pair<const char*, const char*>, 15> kIgnoredOpNames{{
 }};
 
 const std::vector<c10::OperatorHandle>& ignored_ops() {
-  static const std::vector<c10::OperatorHandle> ops = [] {
-    std::vector<c10::OperatorHandle> found;
-    for (const auto& [name, overload] : kIgnoredOpNames) {
-      if (auto op = c10::Dispatcher::singleton().findSchema({name, overload})) {
-        found.push_back(*op);
-      }
-    }
-    return found;
-  }();
+  static const std::vector<c10::OperatorHandle> ops = dispatch::registered_ops(kIgnoredOpNames);
   return ops;
 }
 
