@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Per-op cost of sac, both ways: instructions per op call (callgrind,
 # deterministic) and ns per op call (Google Benchmark, minimum over
-# repetitions; noisy on shared machines). Builds what it needs.
+# repetitions; noisy on shared machines); then a region guard's replay
+# against sac::checkpoint's function rerun on a GPT stack. Builds what it
+# needs.
 #   bash benchmarks/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,3 +25,5 @@ for mechanism in per_op fallback; do
   SAC_DISPATCH=$mechanism "$bin/per_op_cost" --benchmark_repetitions=15 \
     --benchmark_report_aggregates_only=true 2>&1 | grep -E '_min'
 done
+echo "== region replay against function rerun (SAC_DISPATCH=fallback)"
+SAC_DISPATCH=fallback "$bin/region_replay" 4 10

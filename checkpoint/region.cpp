@@ -20,16 +20,13 @@ class RegionReplay final : public Recomputation {
   // The region began; `region_interceptor` is its interceptor (or null).
   dispatch::OpObserver* start_recording(const dispatch::OpInterceptor* region_interceptor) {
     recorder_.emplace(recording_, region_interceptor, [](const at::Tensor& t) {
-      // Detached: the data and the version counter, not the graph. A
-      // tensor the region's own graph made (by a backward inside the
-      // region) would otherwise keep the graph, and so this frame, alive.
-      // tensor_data(), not detach(): below autograd, where the recorder
-      // mostly runs, detach() makes a tensor with a version counter of its
-      // own.
-      // Not through an enclosing region's hooks: the tensors a backward
-      // inside this region makes are outside tensors here, and would add
-      // holders to the enclosing region in its forward that its
-      // recomputation does not add.
+      // The data and the version counter, not the graph: a tensor that a
+      // backward inside the region made would keep the region's graph, and
+      // so this frame, alive. (tensor_data(), not detach(): below autograd,
+      // where the recorder runs, detach() gets a version counter of its
+      // own.) Not through an enclosing region's hooks: that region's
+      // recomputation would not save what a backward inside this region
+      // made in its forward.
       return save_without_hooks(t.tensor_data());
     });
     return &*recorder_;

@@ -113,7 +113,7 @@ void Recorder::finish() {
   known_.clear();
   storages_.clear();
   pending_.reset();
-  save_outside_ = nullptr;  // it may keep an enclosing region alive
+  save_outside_ = nullptr;
 }
 
 void Recorder::before_op(const dispatch::ObservedOp& call,
