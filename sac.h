@@ -22,6 +22,7 @@
 #include <sac/checkpoint/guards.h>
 #include <sac/checkpoint/options.h>
 #include <sac/checkpoint/region.h>
+#include <sac/checkpoint/scope.h>
 #include <sac/dispatch/interceptor.h>
 #include <sac/policy/checkpoint_policy.h>
 #include <sac/policy/policy.h>

@@ -5,6 +5,7 @@
 #include <sac/checkpoint/error.h>
 #include <sac/checkpoint/guards.h>
 #include <sac/checkpoint/options.h>
+#include <sac/checkpoint/scope.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/GradMode.h>
@@ -43,7 +44,7 @@ template <class Fn, class... Args,
           std::enable_if_t<!std::is_same_v<std::decay_t<Fn>, CheckpointOptions>,
                            int> = 0>
 auto checkpoint(Fn&& fn, Args&&... args) {
-  return checkpoint(CheckpointOptions(), std::forward<Fn>(fn),
+  return checkpoint(detail::scoped_options(), std::forward<Fn>(fn),
                     std::forward<Args>(args)...);
 }
 

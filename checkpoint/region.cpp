@@ -2,6 +2,7 @@
 
 #include <sac/checkpoint/error.h>
 #include <sac/checkpoint/frame_setup.h>
+#include <sac/checkpoint/scope.h>
 #include <sac/dispatch/interceptor.h>
 #include <sac/record/recorder.h>
 #include <sac/record/replay.h>
@@ -113,6 +114,8 @@ struct CheckpointRegion::Active {
   std::optional<dispatch::ObserverGuard> recorder;
   std::optional<detail::OpLogScope> log;
 };
+
+CheckpointRegion::CheckpointRegion() : CheckpointRegion(detail::scoped_options()) {}
 
 CheckpointRegion::CheckpointRegion(const CheckpointOptions& options) {
   if (!c10::GradMode::is_enabled()) {

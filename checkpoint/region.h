@@ -49,7 +49,10 @@ class CheckpointRegion {
   // fallback key is unavailable or the options contradict each other.
   // `outside_tensor_check` cannot be turned off: outside tensors are always
   // checked, as autograd's saved inputs are.
-  explicit CheckpointRegion(const CheckpointOptions& options = CheckpointOptions());
+  explicit CheckpointRegion(const CheckpointOptions& options);
+  // With the options of the innermost CheckpointScope on this thread, or the
+  // defaults (full recomputation).
+  CheckpointRegion();
   // Ends the region. Regions on a thread end in the reverse order they began.
   ~CheckpointRegion();
   CheckpointRegion(const CheckpointRegion&) = delete;
