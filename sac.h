@@ -12,6 +12,9 @@
 //   sac/record/recorder.h          recording a region's ops, replaying them
 //   sac/checkpoint/checkpoint.h    non-reentrant checkpoint and its options
 //   sac/checkpoint/region.h        the same for any code, by an RAII guard
+//   sac/checkpoint/scope.h         the options of a block of code
+//   sac/nn/checkpoint_sequential.h torch::nn models (not included here: it
+//                                  brings in torch::nn's headers)
 #pragma once
 
 #include <sac/cache/op_cache.h>
