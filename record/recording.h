@@ -20,7 +20,9 @@
 //                 (torch::from_blob), which may be gone by backward;
 //               * when an op first reads memory that an empty-like op returned
 //                 and code outside the dispatcher filled, as
-//                 torch::tensor(std::vector) does.
+//                 torch::tensor(std::vector) does. (If ops then also write
+//                 that memory through the empty-like op's own tensor, replay
+//                 writes a different copy than the reads see: not supported.)
 //   Alias     a tensor on an earlier value's memory that appeared without an
 //             op (the autograd-level result of .data(), a non-differentiable
 //             view): as_strided of that value.
