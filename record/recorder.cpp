@@ -106,7 +106,6 @@ Recorder::Recorder(Recording& recording,
 void Recorder::mark(const at::Tensor& t) {
   const ValueId value = resolve(t);
   recording_.steps.push_back({Step::Kind::Mark, value});
-  ++recording_.marks;
 }
 
 void Recorder::finish() {
@@ -130,23 +129,22 @@ void Recorder::before_op(const dispatch::ObservedOp& call,
       dispatch::for_each_tensor(args[i], [&](const at::Tensor& t) { before_read(t); });
     }
   }
+  bool writes_any = false;
   for (size_t i = 0; i < args.size(); ++i) {
     if (dispatch::writes_argument(op, i, args)) {
+      writes_any = true;
       dispatch::for_each_tensor(args[i], [&](const at::Tensor& t) { before_write(t); });
     }
   }
   Call recorded(op);
   recorded.below = call.below;
   recorded.intercepted = call.interceptor == region_interceptor_;
+  recorded.replayed = writes_any;  // and calls that return tensors (after_op)
   recorded.arguments.reserve(args.size());
-  bool writes_any = false;
   for (size_t i = 0; i < args.size(); ++i) {
     recorded.arguments.push_back(record_argument(op, i, args[i]));
-    writes_any = writes_any || dispatch::writes_argument(op, i, args);
   }
-  recorded.replayed = writes_any;  // and calls that return tensors (after_op)
   pending_ = std::move(recorded);
-  pending_fresh_memory_ = makes_uninitialized_memory(op);
 }
 
 void Recorder::after_op(const dispatch::ObservedOp& call,
@@ -157,12 +155,13 @@ void Recorder::after_op(const dispatch::ObservedOp& call,
   }
   Call recorded = std::move(*pending_);
   pending_.reset();
+  const bool fresh_memory = makes_uninitialized_memory(recorded.op);
   recorded.first_output = recording_.values;
   for (const auto& output : outputs) {
     dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
       const ValueId value = recording_.new_value();
       remember(t, value);
-      if (pending_fresh_memory_) {
+      if (fresh_memory) {
         if (StorageState* state = storage_of(t)) {
           state->uninitialized = true;
         }

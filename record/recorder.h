@@ -109,7 +109,6 @@ class Recorder final : public dispatch::OpObserver {
   // The call between before_op and after_op (an op that throws never gets
   // its after_op: the next before_op drops it).
   std::optional<Call> pending_;
-  bool pending_fresh_memory_ = false;
 };
 
 }  // namespace sac::record

@@ -4,14 +4,6 @@
 
 namespace sac::record {
 
-size_t Recording::bytes() const {
-  size_t total = 0;
-  for (const auto& snapshot : snapshots) {
-    total += snapshot.storage().nbytes();
-  }
-  return total;
-}
-
 std::string Recording::str() const {
   std::ostringstream out;
   for (size_t i = 0; i < steps.size(); ++i) {

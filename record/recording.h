@@ -117,13 +117,8 @@ struct Recording {
   std::vector<at::Tensor> snapshots;
   std::vector<Alias> aliases;
   ValueId values = 0;  // values made so far
-  size_t marks = 0;    // Mark steps so far
 
   ValueId new_value() { return values++; }
-
-  // Bytes of tensor memory the recording keeps: its copies (the tensors
-  // kept as saved inputs are not its own).
-  size_t bytes() const;
 
   // The steps, one per line (for debugging).
   std::string str() const;
