@@ -1,0 +1,169 @@
+// sac::CheckpointWrapper: a torch::nn module whose forward is checkpointed.
+//
+//   auto block = sac::checkpoint_wrapper(Block(config), options);
+//   auto y = block->forward(x, mask);  // Block's forward, under sac::checkpoint
+//
+// PyTorch's `checkpoint_wrapper(module)` and the composable
+// `checkpoint(module)`: the wrapper runs the module's forward through
+// sac::checkpoint and otherwise *is* the module. It registers the module's own
+// parameters, buffers and children under their own names, so the wrapped and
+// the unwrapped module have the same named_parameters(), named_buffers() and
+// state: an optimizer built on either works on both, and torch::save of one
+// loads into the other. train(), eval(), to() and zero_grad() reach the
+// module.
+//
+// Why sac::checkpoint and not a CheckpointRegion guard around forward: a
+// region records every op, which only the fallback dispatch mechanism sees;
+// the wrapper works under both (see sac/checkpoint/region.h).
+//
+// The state is the module's as it is when wrapped: a module that registers
+// new parameters later (reset(), a lazy module) must be wrapped after that.
+#pragma once
+
+#include <sac/checkpoint/checkpoint.h>
+#include <sac/checkpoint/options.h>
+#include <sac/checkpoint/scope.h>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/pimpl.h>
+
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <utility>
+
+namespace sac {
+namespace detail {
+
+// A module that stands in for another: it holds `module` and registers the
+// module's own parameters, buffers and children as its own, under the same
+// names, and passes train(), to() and printing on to it. Everything about
+// "being the module" lives here; the wrappers add only their forward.
+class StandIn : public torch::nn::Module {
+ public:
+  void train(bool on = true) override;
+  bool is_training() const noexcept override;
+  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Dtype dtype, bool non_blocking = false) override;
+  void to(torch::Device device, bool non_blocking = false) override;
+  void pretty_print(std::ostream& stream) const override;
+
+  // The module stood in for.
+  const std::shared_ptr<torch::nn::Module>& wrapped_module() const { return module_; }
+
+ protected:
+  StandIn(std::shared_ptr<torch::nn::Module> module, std::string kind);
+
+ private:
+  std::shared_ptr<torch::nn::Module> module_;
+  std::string kind_;  // for printing: "sac::CheckpointWrapper"
+};
+
+// The options a wrapper's forward uses: its own, or else the innermost
+// CheckpointScope's on this thread at the time of the call.
+inline CheckpointOptions options_or_scoped(const std::optional<CheckpointOptions>& own) {
+  return own.has_value() ? *own : scoped_options();
+}
+
+}  // namespace detail
+
+// Wraps a module of type `Impl` (torch::nn::LinearImpl, a user's BlockImpl).
+// forward(args...) takes whatever Impl::forward takes (default arguments and
+// overloads included) and returns what it returns. Tensor arguments are saved
+// as sac::checkpoint saves them; other arguments are copied and kept until
+// backward.
+template <class Impl>
+class CheckpointWrapperImpl : public detail::StandIn {
+ public:
+  CheckpointWrapperImpl(std::shared_ptr<Impl> module,
+                        std::optional<CheckpointOptions> options = std::nullopt)
+      : StandIn(module, "sac::CheckpointWrapper"),
+        module_(std::move(module)),
+        options_(std::move(options)) {}
+
+  template <class... Args>
+  auto forward(Args&&... args) {
+    return sac::checkpoint(
+        detail::options_or_scoped(options_),
+        [module = module_](auto&&... a) {
+          return module->forward(std::forward<decltype(a)>(a)...);
+        },
+        std::forward<Args>(args)...);
+  }
+
+  // A deep copy: the clone wraps a clone of the module, with the same options.
+  std::shared_ptr<torch::nn::Module> clone(
+      const std::optional<torch::Device>& device = std::nullopt) const override {
+    auto module = std::dynamic_pointer_cast<Impl>(module_->clone(device));
+    return std::make_shared<CheckpointWrapperImpl>(std::move(module), options_);
+  }
+
+  const std::shared_ptr<Impl>& module() const { return module_; }
+  // The options of this wrapper's checkpoints; nullopt: the scope's.
+  const std::optional<CheckpointOptions>& options() const { return options_; }
+  void set_options(std::optional<CheckpointOptions> options) { options_ = std::move(options); }
+
+ private:
+  std::shared_ptr<Impl> module_;
+  std::optional<CheckpointOptions> options_;
+};
+
+// A type-erased module (an entry of torch::nn::Sequential) taking and
+// returning one tensor, as Sequential chains them. This is what
+// sac::apply_activation_checkpointing puts into a Sequential; its forward has
+// one signature, so it can itself be an AnyModule.
+template <>
+class CheckpointWrapperImpl<torch::nn::AnyModule> : public detail::StandIn {
+ public:
+  explicit CheckpointWrapperImpl(torch::nn::AnyModule module,
+                                 std::optional<CheckpointOptions> options = std::nullopt);
+
+  // Throws, naming the module, if its forward does not take one tensor or
+  // does not return one.
+  at::Tensor forward(at::Tensor input);
+
+  std::shared_ptr<torch::nn::Module> clone(
+      const std::optional<torch::Device>& device = std::nullopt) const override;
+
+  torch::nn::AnyModule& module() const { return *module_; }
+  const std::optional<CheckpointOptions>& options() const { return options_; }
+  void set_options(std::optional<CheckpointOptions> options) { options_ = std::move(options); }
+
+ private:
+  std::shared_ptr<torch::nn::AnyModule> module_;
+  std::optional<CheckpointOptions> options_;
+};
+
+// The holder, in the C++ frontend's idiom (a TORCH_MODULE-style handle):
+// sac::CheckpointWrapper<BlockImpl> holds a CheckpointWrapperImpl<BlockImpl>.
+template <class Impl>
+class CheckpointWrapper : public torch::nn::ModuleHolder<CheckpointWrapperImpl<Impl>> {
+ public:
+  using torch::nn::ModuleHolder<CheckpointWrapperImpl<Impl>>::ModuleHolder;
+};
+
+// Wraps `module` (a holder such as torch::nn::Linear or a user's Block, or a
+// std::shared_ptr to its Impl). Without options, each forward uses the
+// innermost CheckpointScope's options, or the defaults (full recomputation).
+template <class Impl>
+CheckpointWrapper<Impl> checkpoint_wrapper(
+    std::shared_ptr<Impl> module, std::optional<CheckpointOptions> options = std::nullopt) {
+  return CheckpointWrapper<Impl>(std::move(module), std::move(options));
+}
+template <class Impl>
+CheckpointWrapper<Impl> checkpoint_wrapper(
+    const torch::nn::ModuleHolder<Impl>& module,
+    std::optional<CheckpointOptions> options = std::nullopt) {
+  return checkpoint_wrapper(module.ptr(), std::move(options));
+}
+inline CheckpointWrapper<torch::nn::AnyModule> checkpoint_wrapper(
+    torch::nn::AnyModule module, std::optional<CheckpointOptions> options = std::nullopt) {
+  return CheckpointWrapper<torch::nn::AnyModule>(std::move(module), std::move(options));
+}
+
+}  // namespace sac
