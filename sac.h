@@ -13,8 +13,12 @@
 //   sac/checkpoint/checkpoint.h    non-reentrant checkpoint and its options
 //   sac/checkpoint/region.h        the same for any code, by an RAII guard
 //   sac/checkpoint/scope.h         the options of a block of code
-//   sac/nn/checkpoint_sequential.h torch::nn models (not included here: it
-//                                  brings in torch::nn's headers)
+//   sac/offload/offload.h          saved tensors kept in host memory
+//   sac/nn/...                     torch::nn models: checkpoint_wrapper.h,
+//                                  apply_activation_checkpointing.h,
+//                                  checkpoint_sequential.h, offload_wrapper.h
+//                                  (not included here: they bring in
+//                                  torch::nn's headers)
 #pragma once
 
 #include <sac/cache/op_cache.h>
@@ -27,5 +31,6 @@
 #include <sac/checkpoint/region.h>
 #include <sac/checkpoint/scope.h>
 #include <sac/dispatch/interceptor.h>
+#include <sac/offload/offload.h>
 #include <sac/policy/checkpoint_policy.h>
 #include <sac/policy/policy.h>

@@ -28,14 +28,17 @@ at::Tensor detached_alias(const at::Tensor& t) {
 
 using dispatch::for_each_tensor;
 
-c10::IValue with_detached_tensors(const c10::IValue& value) {
+// `value` with each tensor slot (a tensor, defined or not, alone or in a
+// list) replaced by `f` of it, in order.
+template <class F>
+c10::IValue map_tensors(const c10::IValue& value, F&& f) {
   if (value.isTensor()) {
-    return detached_alias(value.toTensor());
+    return f(value.toTensor());
   }
   if (value.isTensorList()) {
     c10::List<at::Tensor> out;
     for (const at::Tensor& t : value.toTensorList()) {
-      out.push_back(detached_alias(t));
+      out.push_back(f(t));
     }
     return out;
   }
@@ -43,11 +46,15 @@ c10::IValue with_detached_tensors(const c10::IValue& value) {
     auto list = value.toList();
     c10::impl::GenericList out(list.elementType());
     for (const c10::IValue& element : list) {
-      out.push_back(with_detached_tensors(element));
+      out.push_back(map_tensors(element, f));
     }
     return out;
   }
   return value;
+}
+
+c10::IValue with_detached_tensors(const c10::IValue& value) {
+  return map_tensors(value, detached_alias);
 }
 
 }  // namespace
@@ -104,6 +111,9 @@ void OpCache::watch_aliases(c10::ArrayRef<c10::IValue> values) {
 
 std::optional<std::pair<size_t, std::string>> OpCache::first_modified(
     const Call& call) const {
+  if (call.is_stashed) {
+    return first_modified_stashed(call);
+  }
   std::optional<std::pair<size_t, std::string>> found;
   size_t i = 0;
   for (const auto& output : call.outputs) {
@@ -135,6 +145,24 @@ std::optional<std::pair<size_t, std::string>> OpCache::first_modified(
   return found;
 }
 
+std::optional<std::pair<size_t, std::string>> OpCache::first_modified_stashed(
+    const Call& call) const {
+  for (size_t index = 0; index < call.versions.size(); ++index) {
+    const VersionWatch& own = call.versions[index];
+    if (own.changed()) {
+      return std::make_pair(index, c10::str("version ", own.version(), " when cached, ",
+                                            own.current_version(), " now"));
+    }
+  }
+  for (const auto& other : call.storage_watches) {
+    if (other.changed()) {
+      return std::make_pair(size_t{0}, std::string("through another tensor on its storage, "
+                                                   "such as the output of aten::_unsafe_view"));
+    }
+  }
+  return std::nullopt;
+}
+
 void OpCache::demote_modified() {
   for (auto& [op, calls] : calls_) {
     for (auto& call : calls) {
@@ -159,6 +187,53 @@ void OpCache::begin_recording() { recording_ = true; }
 void OpCache::end_recording() {
   recording_ = false;
   demote_modified();
+}
+
+void OpCache::stash(TensorStash& stash) {
+  TORCH_INTERNAL_ASSERT(!recording_, "sac: stash() of a cache still recording");
+  for (auto& [op, calls] : calls_) {
+    for (auto& call : calls) {
+      if (call.state != Call::State::Saved || call.is_stashed) {
+        continue;
+      }
+      // The storages do not stay: their watches go with the call.
+      for (const auto& output : call.outputs) {
+        for_each_tensor(output, [&](const at::Tensor& t) {
+          if (t.has_storage()) {
+            const auto& watches = storages_.at(t.storage().unsafeGetStorageImpl()).watches;
+            call.storage_watches.insert(call.storage_watches.end(), watches.begin(),
+                                        watches.end());
+          }
+        });
+      }
+      release(call.outputs);
+      for (auto& output : call.outputs) {
+        output = map_tensors(output, [&](const at::Tensor& t) {
+          if (!t.defined()) {
+            call.stashed.push_back(nullptr);
+            return t;
+          }
+          auto hooks = stash.hooks();
+          hooks->call_pack_hook(t);
+          call.stashed.push_back(std::move(hooks));
+          return at::Tensor();
+        });
+      }
+      call.is_stashed = true;
+    }
+  }
+}
+
+std::vector<c10::IValue> OpCache::unstash(Call& call) {
+  size_t slot = 0;
+  std::vector<c10::IValue> outputs;
+  for (const auto& output : call.outputs) {
+    outputs.push_back(map_tensors(output, [&](const at::Tensor&) {
+      const auto& hooks = call.stashed.at(slot++);
+      return hooks == nullptr ? at::Tensor() : hooks->call_unpack_hook();
+    }));
+  }
+  return outputs;
 }
 
 const OpCache::Call* OpCache::find(const c10::OperatorHandle& op,
@@ -226,11 +301,18 @@ OpCache::Served OpCache::take(const c10::OperatorHandle& op, size_t index,
                 op.operator_name(),
                 ", or allow it with allow_cache_entry_mutation(true).");
   }
-  Served served{std::move(call.outputs), std::move(call.generator)};
+  Served served;
+  if (call.is_stashed) {
+    served.outputs = unstash(call);
+    call.stashed.clear();
+  } else {
+    release(call.outputs);
+    served.outputs = std::move(call.outputs);
+  }
+  served.generator = std::move(call.generator);
   call.outputs.clear();
   call.generator.reset();
   call.state = Call::State::Served;
-  release(served.outputs);
   --saved_calls_;
   return served;
 }
@@ -275,8 +357,11 @@ void OpCache::release(const std::vector<c10::IValue>& outputs) {
 }
 
 void OpCache::drop(Call& call) {
-  release(call.outputs);
+  if (!call.is_stashed) {
+    release(call.outputs);
+  }
   call.outputs.clear();
+  call.stashed.clear();
   call.versions.clear();
   call.generator.reset();
   --saved_calls_;

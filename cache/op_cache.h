@@ -8,6 +8,7 @@
 // values that were stored.
 #pragma once
 
+#include <sac/region/stash.h>
 #include <sac/region/version_watch.h>
 
 #include <ATen/core/Generator.h>
@@ -15,6 +16,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -52,6 +54,12 @@ class OpCache {
   // per process) when it demotes anything: the policy then saves less than
   // it says.
   void end_recording();
+
+  // Moves the outputs of every saved call into `stash` (after
+  // end_recording): the cache keeps the stash's hooks instead, and take()
+  // gets the outputs back from them. The cache holds no storage any more
+  // (bytes() is 0); in-place changes to the stored tensors are still caught.
+  void stash(TensorStash& stash);
 
   // Records that the next call of `op` will be recomputed.
   void append_recompute(const c10::OperatorHandle& op);
@@ -123,6 +131,12 @@ class OpCache {
     std::vector<c10::IValue> outputs;
     std::vector<VersionWatch> versions;  // one per tensor in outputs, in order
     std::optional<GeneratorSnapshot> generator;
+    // After stash(): the tensors of `outputs` are placeholders; these hooks,
+    // one per tensor slot (null for an undefined tensor), hold them, and
+    // these watches are those of the storages they were on.
+    std::vector<std::unique_ptr<torch::autograd::SavedVariableHooks>> stashed;
+    std::vector<VersionWatch> storage_watches;
+    bool is_stashed = false;
   };
 
   // The call, or null for one past the end of a forward still recording.
@@ -147,6 +161,9 @@ class OpCache {
   // The first tensor of `call` modified since it was stored: its index and
   // how, or nullopt.
   std::optional<std::pair<size_t, std::string>> first_modified(const Call& call) const;
+  std::optional<std::pair<size_t, std::string>> first_modified_stashed(const Call& call) const;
+  // The outputs of a stashed call, back from its hooks.
+  std::vector<c10::IValue> unstash(Call& call);
 
   std::unordered_map<const c10::StorageImpl*, StorageInfo> storages_;
   bool recording_ = false;

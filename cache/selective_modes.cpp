@@ -2,6 +2,7 @@
 
 #include <sac/dispatch/boxed.h>
 #include <sac/policy/op_traits.h>
+#include <sac/region/stash.h>
 
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>
@@ -84,7 +85,14 @@ void CachingMode::on_outermost_enter() {
   cache_->begin_recording();
 }
 
-void CachingMode::on_outermost_exit() { cache_->end_recording(); }
+void CachingMode::on_outermost_exit() {
+  cache_->end_recording();
+  // Kept until backward: where the thread keeps such tensors (host memory,
+  // under sac::OffloadGuard).
+  if (TensorStash* stash = current_stash()) {
+    cache_->stash(*stash);
+  }
+}
 
 void CachingMode::intercept(const c10::OperatorHandle& op,
                             c10::DispatchKeySet below, torch::jit::Stack* stack) {

@@ -78,7 +78,8 @@ class CachingMode final : public SelectiveMode {
   // Refuses to record a second forward into a cache that holds one; starts
   // the record.
   void on_outermost_enter() override;
-  // Ends the record (see OpCache::end_recording).
+  // Ends the record (see OpCache::end_recording), and moves the outputs
+  // kept into the thread's stash if it has one (sac/region/stash.h).
   void on_outermost_exit() override;
   void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
                  torch::jit::Stack* stack) override;

@@ -28,7 +28,7 @@ class RegionReplay final : public Recomputation {
       // own.) Not through an enclosing region's hooks: that region's
       // recomputation would not save what a backward inside this region
       // made in its forward.
-      return save_without_hooks(t.tensor_data());
+      return save_kept(t.tensor_data());
     });
     return &*recorder_;
   }

@@ -1,6 +1,7 @@
 #include <sac/checkpoint/saved_tensor_hooks.h>
 
 #include <sac/checkpoint/error.h>
+#include <sac/region/stash.h>
 
 #include <torch/csrc/autograd/engine.h>
 
@@ -65,14 +66,18 @@ SavedTensorHooksGuard::SavedTensorHooksGuard(SavedTensorHooksFactory factory) {
 
 SavedTensorHooksGuard::~SavedTensorHooksGuard() { tls_hooks.pop_back(); }
 
-torch::autograd::SavedVariable save_without_hooks(const at::Tensor& t) {
+torch::autograd::SavedVariable save_kept(const at::Tensor& t) {
   // The thread's hooks are hidden while the SavedVariable is made, and come
   // back however it ends.
   struct HideThreadHooks {
     std::vector<SavedTensorHooksFactory> hidden = std::exchange(tls_hooks, {});
     ~HideThreadHooks() { tls_hooks = std::move(hidden); }
   } hide;
-  return torch::autograd::SavedVariable(t, /*is_output=*/false);
+  torch::autograd::SavedVariable saved(t, /*is_output=*/false);
+  if (TensorStash* stash = current_stash(); stash != nullptr && t.defined()) {
+    saved.register_hooks(stash->hooks());
+  }
+  return saved;
 }
 
 }  // namespace sac::detail

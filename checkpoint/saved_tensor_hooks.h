@@ -37,6 +37,8 @@ class SavedTensorHooksGuard {
 
 // Saves `t` as autograd saves an input (SavedVariable(t, false)), without the
 // thread's hooks: what is saved is kept, not handed to a region's holders.
-torch::autograd::SavedVariable save_without_hooks(const at::Tensor& t);
+// Kept where the thread keeps such tensors: in its stash if it has one
+// (sac/region/stash.h), as the thread's hooks would for autograd.
+torch::autograd::SavedVariable save_kept(const at::Tensor& t);
 
 }  // namespace sac::detail

@@ -23,46 +23,19 @@
 #include <sac/checkpoint/checkpoint.h>
 #include <sac/checkpoint/options.h>
 #include <sac/checkpoint/scope.h>
+#include <sac/nn/stand_in.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
-#include <c10/core/ScalarType.h>
-#include <torch/nn/module.h>
 #include <torch/nn/modules/container/any.h>
 #include <torch/nn/pimpl.h>
 
 #include <memory>
 #include <optional>
-#include <ostream>
-#include <string>
 #include <utility>
 
 namespace sac {
 namespace detail {
-
-// A module that stands in for another: it holds `module` and registers the
-// module's own parameters, buffers and children as its own, under the same
-// names, and passes train(), to() and printing on to it. Everything about
-// "being the module" lives here; the wrappers add only their forward.
-class StandIn : public torch::nn::Module {
- public:
-  void train(bool on = true) override;
-  bool is_training() const noexcept override;
-  void to(torch::Device device, torch::Dtype dtype, bool non_blocking = false) override;
-  void to(torch::Dtype dtype, bool non_blocking = false) override;
-  void to(torch::Device device, bool non_blocking = false) override;
-  void pretty_print(std::ostream& stream) const override;
-
-  // The module stood in for.
-  const std::shared_ptr<torch::nn::Module>& wrapped_module() const { return module_; }
-
- protected:
-  StandIn(std::shared_ptr<torch::nn::Module> module, std::string kind);
-
- private:
-  std::shared_ptr<torch::nn::Module> module_;
-  std::string kind_;  // for printing: "sac::CheckpointWrapper"
-};
 
 // The options a wrapper's forward uses: its own, or else the innermost
 // CheckpointScope's on this thread at the time of the call.

@@ -1,0 +1,448 @@
+// sac gpt_train: a small GPT trained with AdamW under each checkpointing mode.
+//
+// It shows sac on a whole torch::nn model, wired in from outside: the model's
+// code knows nothing of checkpointing; sac::apply_activation_checkpointing
+// wraps its GPT blocks in place, with full recomputation or a selective
+// policy. For each mode, it reports the activation memory kept after the
+// forward and the peak during forward + backward of the first step (exact on
+// CPU, from a counting allocator; the caching allocator's statistics on
+// CUDA), the time per step, and whether the losses of every step and the
+// gradients of the first step are bit-identical to training without
+// checkpointing. Dropout is on, so this also checks that recomputation
+// replays the forward's random numbers. The offload modes keep what autograd
+// saves (and, with a policy, the blocks' inputs and cached outputs) in host
+// memory: the table counts what stays on the training device.
+//
+//   cmake --build build --target gpt_train
+//   build/examples/gpt_train [--layers 4] [--embed 128] [--heads 4] [--seq 128]
+//       [--batch 8] [--vocab 512] [--steps 3] [--device cpu|cuda]
+//       [--dispatch default|per_op|fallback]
+//       [--modes none,full,matmuls,matmuls+attention,callback,offload,matmuls+offload]
+//
+// or .ci/gpt_train with the same flags. Exit status 0 only if every mode is
+// bit-identical to `none`.
+#include <sac/nn/apply_activation_checkpointing.h>
+#include <sac/sac.h>
+
+#include "examples/host_arena.h"
+#include "examples/support.h"
+
+#include <ATen/DeviceAccelerator.h>
+#include <absl/flags/flag.h>
+#include <absl/flags/parse.h>
+#include <absl/flags/usage.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+const std::vector<std::string> kDefaultModes = {
+    "none", "full", "matmuls", "matmuls+attention", "callback", "offload", "matmuls+offload"};
+
+}  // namespace
+
+ABSL_FLAG(int64_t, layers, 4, "number of GPT blocks");
+ABSL_FLAG(int64_t, embed, 128, "embedding width");
+ABSL_FLAG(int64_t, heads, 4, "attention heads (must divide --embed)");
+ABSL_FLAG(int64_t, seq, 128, "sequence length");
+ABSL_FLAG(int64_t, batch, 8, "sequences per batch");
+ABSL_FLAG(int64_t, vocab, 512, "vocabulary size");
+ABSL_FLAG(int64_t, steps, 3, "training steps per mode");
+ABSL_FLAG(std::vector<std::string>, modes, kDefaultModes,
+          "comma-separated checkpointing modes; `none`, the reference, always runs first");
+ABSL_FLAG(std::string, dispatch, "default",
+          "sac's dispatch mechanism: per_op, fallback, or default (SAC_DISPATCH, else automatic)");
+ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
+
+namespace {
+
+using sac_examples::CountingAllocator;
+using sac_examples::GptBlock;
+using sac_examples::GptBlockImpl;
+
+struct Config {
+  int64_t layers, embed, heads, seq, batch, vocab, steps;
+  double dropout = 0.1;
+};
+
+// ---- The model ---------------------------------------------------------------
+
+// A GPT-2 style decoder. It is plain torch::nn code: checkpointing is applied
+// to it from outside. The blocks live in a Sequential because that is where
+// sac::apply_activation_checkpointing can replace them (C++ forwards are not
+// virtual; a Sequential calls its entries type-erased).
+struct GptImpl : torch::nn::Module {
+  explicit GptImpl(const Config& c) {
+    tokens = register_module("tokens", torch::nn::Embedding(c.vocab, c.embed));
+    positions = register_module("positions", torch::nn::Embedding(c.seq, c.embed));
+    for (int64_t i = 0; i < c.layers; ++i) {
+      blocks->push_back(GptBlock(c.embed, c.heads, c.dropout));
+    }
+    register_module("blocks", blocks);
+    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.embed})));
+    head = register_module("head",
+                           torch::nn::Linear(torch::nn::LinearOptions(c.embed, c.vocab).bias(false)));
+  }
+
+  // [B, T] token ids -> [B, T, vocab] logits.
+  at::Tensor forward(const at::Tensor& ids) {
+    const auto where = torch::arange(ids.size(1), ids.options());
+    auto h = tokens->forward(ids) + positions->forward(where);
+    return head->forward(ln_f->forward(blocks->forward(h)));
+  }
+
+  // Mean cross-entropy of predicting `targets` from `inputs`.
+  at::Tensor loss(const at::Tensor& inputs, const at::Tensor& targets) {
+    auto logits = forward(inputs);
+    return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                                                targets.reshape({-1}));
+  }
+
+  torch::nn::Embedding tokens{nullptr}, positions{nullptr};
+  torch::nn::Sequential blocks;
+  torch::nn::LayerNorm ln_f{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(Gpt);
+
+// ---- Modes -------------------------------------------------------------------
+
+// An object kept alive around each training step's forward and backward (a
+// guard), or null.
+using StepGuard = std::shared_ptr<void>;
+
+// A way of training: how to set up a fresh model, and what to hold during
+// each step.
+struct Mode {
+  std::string name;
+  std::function<void(Gpt&, const Config&)> prepare;
+  std::function<StepGuard(Gpt&)> step_guard;
+};
+
+// Wraps every block of `model`, in place, to run under `options`.
+std::function<void(Gpt&, const Config&)> checkpoint_blocks(sac::CheckpointOptions options) {
+  return [options](Gpt& model, const Config& c) {
+    const int64_t wrapped = sac::apply_activation_checkpointing(
+        model->blocks, sac::modules_of_type<GptBlockImpl>(), options);
+    TORCH_CHECK(wrapped == c.layers, "wrapped ", wrapped, " blocks, expected ", c.layers);
+  };
+}
+
+// GptBlock's linears run as aten::addmm, and its attention as one of these,
+// depending on the device and dtype. save_ops resolves names against the
+// dispatcher, where every aten op is registered whatever the build, so one
+// list serves CPU and CUDA; the names that never run cost nothing.
+const std::vector<std::string> kAttentionOps = {
+    "aten::_scaled_dot_product_flash_attention_for_cpu",  // CPU
+    "aten::_scaled_dot_product_efficient_attention",      // CUDA, float32
+    "aten::_scaled_dot_product_flash_attention",          // CUDA, half types
+    "aten::_scaled_dot_product_cudnn_attention",          // CUDA, cuDNN
+};
+
+sac::Policy save_matmuls_and_attention() {
+  std::vector<std::string> ops = {"aten::addmm"};
+  ops.insert(ops.end(), kAttentionOps.begin(), kAttentionOps.end());
+  return sac::Policy::save_ops(ops);
+}
+
+// A callback policy: saves every other matmul, recomputes the rest. The
+// counter is shared by the policy's copies (sac::Policy shares its callback),
+// and the recomputation replays the forward's decisions instead of asking
+// again, so counting calls is safe.
+sac::Policy every_other_matmul() {
+  auto calls = std::make_shared<int64_t>(0);
+  return sac::Policy::from_fn([calls](const sac::SelectiveCheckpointContext&,
+                                      const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>) {
+    return op.operator_name().name == "aten::addmm" && (*calls)++ % 2 == 0;
+  });
+}
+
+// Saved tensors to host memory. On CUDA that is pinned host memory; on the
+// CPU, where the tensors are in host memory already, a separate arena stands
+// in for it, so that the table shows what leaves the training device.
+std::function<StepGuard(Gpt&)> offload_to(std::shared_ptr<sac::CopyTarget> target) {
+  return [target](Gpt& model) {
+    return std::make_shared<sac::OffloadGuard>(
+        sac::OffloadOptions().keep(model->parameters()).target(target));
+  };
+}
+
+std::vector<Mode> known_modes(const torch::Device& device) {
+  auto no_setup = [](Gpt&, const Config&) {};
+  auto no_guard = [](Gpt&) { return StepGuard(); };
+  std::shared_ptr<sac::CopyTarget> host =
+      device.is_cpu() ? std::make_shared<sac_examples::HostArena>() : sac::host_memory();
+  using Options = sac::CheckpointOptions;
+  return {
+      {"none", no_setup, no_guard},
+      {"full", checkpoint_blocks(Options()), no_guard},
+      {"matmuls", checkpoint_blocks(Options().policy(sac::Policy::save_ops({"aten::addmm"}))),
+       no_guard},
+      {"matmuls+attention", checkpoint_blocks(Options().policy(save_matmuls_and_attention())),
+       no_guard},
+      {"callback", checkpoint_blocks(Options().policy(every_other_matmul())), no_guard},
+      {"offload", no_setup, offload_to(host)},
+      // The policy's cache goes to the host too, with the blocks' inputs.
+      {"matmuls+offload",
+       checkpoint_blocks(Options().policy(sac::Policy::save_ops({"aten::addmm"}))),
+       offload_to(host)},
+  };
+}
+
+// The modes named on the command line, `none` first: it is the reference the
+// others are compared with.
+std::vector<Mode> chosen_modes(const std::vector<std::string>& names, const torch::Device& device) {
+  const std::vector<Mode> known = known_modes(device);
+  auto find = [&](const std::string& name) -> const Mode& {
+    for (const Mode& mode : known) {
+      if (mode.name == name) return mode;
+    }
+    std::string valid;
+    for (const Mode& mode : known) valid += (valid.empty() ? "" : ", ") + mode.name;
+    throw std::invalid_argument("unknown mode '" + name + "'; valid modes: " + valid);
+  };
+  std::vector<Mode> modes;
+  if (names.empty() || names.front() != "none") modes.push_back(find("none"));
+  for (const std::string& name : names) modes.push_back(find(name));
+  return modes;
+}
+
+// ---- Measuring ---------------------------------------------------------------
+
+// Bytes allocated on the training device, live and peak: exact on CPU (the
+// counting allocator), the caching allocator's statistics on CUDA.
+class MemoryMeter {
+ public:
+  explicit MemoryMeter(const torch::Device& device) : device_(device) {
+    if (device_.is_cpu()) CountingAllocator::install();
+  }
+  int64_t live() const {
+    return device_.is_cpu() ? CountingAllocator::live_bytes() : device_bytes().current;
+  }
+  int64_t peak() const {
+    return device_.is_cpu() ? CountingAllocator::peak_bytes() : device_bytes().peak;
+  }
+  void reset_peak() {
+    if (device_.is_cpu()) {
+      CountingAllocator::reset_peak();
+    } else {
+      at::accelerator::resetPeakStats(device_.index());
+    }
+  }
+
+ private:
+  c10::CachingAllocator::Stat device_bytes() const {
+    const auto aggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    return at::accelerator::getDeviceStats(device_.index()).allocated_bytes[aggregate];
+  }
+  torch::Device device_;
+};
+
+// What one mode's run produced.
+struct Run {
+  int64_t kept_bytes = 0;  // after the first forward, over what was live before
+  int64_t peak_bytes = 0;  // during the first forward + backward, over the same
+  double ms_per_step = 0;
+  std::vector<at::Tensor> losses;                                  // every step
+  std::vector<std::pair<std::string, at::Tensor>> first_gradients;  // by parameter name
+};
+
+struct Batch {
+  at::Tensor inputs, targets;
+};
+
+// One fixed batch of random tokens: the model learns to predict the next one.
+Batch synthetic_batch(const Config& c, const torch::Device& device) {
+  torch::manual_seed(1);
+  const auto ids = torch::randint(c.vocab, {c.batch, c.seq + 1}).to(device);
+  using torch::indexing::Slice;
+  return {ids.index({Slice(), Slice(0, -1)}), ids.index({Slice(), Slice(1, torch::indexing::None)})};
+}
+
+std::vector<std::pair<std::string, at::Tensor>> named_gradients(Gpt& model) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& p : model->named_parameters()) out.emplace_back(p.key(), p.value().grad());
+  return out;
+}
+
+void synchronize(const torch::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
+// Trains a fresh model (the same initial weights for every mode) for
+// `c.steps` steps, measuring memory on the first. Prints each step's loss.
+Run train(const Mode& mode, const Config& c, const Batch& batch, const torch::Device& device,
+          MemoryMeter& memory) {
+  torch::manual_seed(0);
+  Gpt model(c);
+  model->to(device);
+  mode.prepare(model, c);
+  torch::optim::AdamW optimizer(model->parameters());
+  // The same dropout masks in every mode.
+  torch::manual_seed(42);
+
+  Run run;
+  double timed_ms = 0;
+  for (int64_t step = 0; step < c.steps; ++step) {
+    const auto start = std::chrono::steady_clock::now();
+    optimizer.zero_grad();
+    {
+      const StepGuard guard = mode.step_guard(model);
+      const int64_t before = memory.live();
+      memory.reset_peak();
+      at::Tensor loss = model->loss(batch.inputs, batch.targets);
+      if (step == 0) run.kept_bytes = memory.live() - before;
+      loss.backward();
+      if (step == 0) {
+        run.peak_bytes = memory.peak() - before;
+        run.first_gradients = named_gradients(model);
+      }
+      run.losses.push_back(loss.detach());
+    }
+    optimizer.step();
+    synchronize(device);
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    // The first step pays for one-time setup (optimizer state, kernels
+    // registered for the policy): time it only when it is the only one.
+    if (step > 0 || c.steps == 1) timed_ms += ms;
+    std::printf(" %.4f", run.losses.back().item<double>());
+    std::fflush(stdout);
+  }
+  run.ms_per_step = timed_ms / static_cast<double>(c.steps > 1 ? c.steps - 1 : 1);
+  return run;
+}
+
+// Whether `run` matches `reference` bit for bit: every loss, every gradient
+// of the first step, and the parameter names they belong to.
+bool identical(const Run& run, const Run& reference) {
+  if (run.losses.size() != reference.losses.size() ||
+      run.first_gradients.size() != reference.first_gradients.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < run.losses.size(); ++i) {
+    if (!torch::equal(run.losses[i], reference.losses[i])) return false;
+  }
+  for (size_t i = 0; i < run.first_gradients.size(); ++i) {
+    const auto& [name, grad] = run.first_gradients[i];
+    const auto& [ref_name, ref_grad] = reference.first_gradients[i];
+    if (name != ref_name || grad.defined() != ref_grad.defined() ||
+        (grad.defined() && !torch::equal(grad, ref_grad))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// ---- Command line ------------------------------------------------------------
+
+Config config_from_flags() {
+  Config c{absl::GetFlag(FLAGS_layers), absl::GetFlag(FLAGS_embed), absl::GetFlag(FLAGS_heads),
+           absl::GetFlag(FLAGS_seq),    absl::GetFlag(FLAGS_batch), absl::GetFlag(FLAGS_vocab),
+           absl::GetFlag(FLAGS_steps)};
+  for (int64_t v : {c.layers, c.embed, c.heads, c.seq, c.batch, c.vocab, c.steps}) {
+    if (v <= 0) throw std::invalid_argument("every size flag must be positive");
+  }
+  if (c.embed % c.heads != 0) throw std::invalid_argument("--heads must divide --embed");
+  return c;
+}
+
+torch::Device device_from_flag() {
+  const std::string name = absl::GetFlag(FLAGS_device);
+  if (name == "cpu") return torch::Device(torch::kCPU);
+  if (name == "cuda") {
+    if (!torch::cuda::is_available()) {
+      throw std::invalid_argument("--device=cuda, but CUDA is not available to this LibTorch");
+    }
+    return torch::Device(torch::kCUDA, 0);
+  }
+  throw std::invalid_argument("--device must be cpu or cuda, not '" + name + "'");
+}
+
+// sac chooses its dispatch mechanism once per process, on first use; so this
+// runs before anything else touches sac. `default` leaves the choice to sac:
+// the SAC_DISPATCH environment variable, else automatic.
+void choose_dispatch() {
+  const std::string name = absl::GetFlag(FLAGS_dispatch);
+  if (name == "per_op") {
+    sac::dispatch::set_mechanism(sac::dispatch::Mechanism::PerOpKernels);
+  } else if (name == "fallback") {
+    sac::dispatch::set_mechanism(sac::dispatch::Mechanism::FallbackKey);
+  } else if (name != "default") {
+    throw std::invalid_argument("--dispatch must be per_op, fallback or default, not '" + name + "'");
+  }
+}
+
+// ---- Report ------------------------------------------------------------------
+
+std::string mib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return text;
+}
+
+int run_all(int argc, char** argv) {
+  absl::SetProgramUsageMessage("trains a small GPT under each sac checkpointing mode");
+  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) {
+    throw std::invalid_argument(std::string("unexpected argument '") + positional[1] + "'");
+  }
+  const Config c = config_from_flags();
+  const torch::Device device = device_from_flag();
+  choose_dispatch();
+  const std::vector<Mode> modes = chosen_modes(absl::GetFlag(FLAGS_modes), device);
+
+  MemoryMeter memory(device);
+  const Batch batch = synthetic_batch(c, device);
+  std::printf(
+      "sac gpt_train: %lld layers, embed %lld, %lld heads, seq %lld, batch %lld, vocab %lld, "
+      "%lld steps, dropout %.1f, on %s; dispatch: %s\n",
+      (long long)c.layers, (long long)c.embed, (long long)c.heads, (long long)c.seq,
+      (long long)c.batch, (long long)c.vocab, (long long)c.steps, c.dropout, device.str().c_str(),
+      std::string(sac::dispatch::to_string(sac::dispatch::mechanism())).c_str());
+
+  std::vector<std::pair<const Mode*, Run>> runs;
+  for (const Mode& mode : modes) {
+    std::printf("%-18s losses:", mode.name.c_str());
+    std::fflush(stdout);
+    runs.emplace_back(&mode, train(mode, c, batch, device, memory));
+    std::printf("\n");
+  }
+
+  std::printf("\n%-18s | %20s | %10s | %8s | %s\n", "mode", "kept after fwd (MiB)", "peak (MiB)",
+              "ms/step", "losses+grads identical");
+  std::string different;
+  for (const auto& [mode, run] : runs) {
+    const bool same = identical(run, runs.front().second);
+    if (!same) different += " " + mode->name;
+    std::printf("%-18s | %20s | %10s | %8.1f | %s\n", mode->name.c_str(), mib(run.kept_bytes).c_str(),
+                mib(run.peak_bytes).c_str(), run.ms_per_step, same ? "yes" : "NO");
+  }
+  if (!different.empty()) {
+    std::printf("\nNOT bit-identical to none:%s\n", different.c_str());
+    return 1;
+  }
+  std::printf("\nall %zu modes: losses and first-step gradients bit-identical to none\n", runs.size());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run_all(argc, argv);
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "\ngpt_train: %s\n", e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "\ngpt_train: %s\n", e.what());
+  }
+  return 2;
+}
