@@ -1,6 +1,7 @@
 #include <sac/cache/op_cache.h>
 
 #include <sac/dispatch/boxed.h>
+#include <sac/region/detached_alias.h>
 
 #include <c10/core/TensorImpl.h>
 #include <c10/util/Exception.h>
@@ -16,17 +17,14 @@ constexpr const char* kMismatchHint =
     "and backward (a flag, a module's training mode, data-dependent control "
     "flow). Make it deterministic, or checkpoint it without a policy.";
 
-at::Tensor detached_alias(const at::Tensor& t) {
-  if (!t.defined()) {
-    return t;
-  }
-  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  return at::Tensor(impl->shallow_copy_and_detach(
-      /*version_counter=*/impl->version_counter(),
-      /*allow_tensor_metadata_change=*/true));
-}
-
 using dispatch::for_each_tensor;
+
+// How a cached tensor was modified, for the errors.
+std::string own_change(const VersionWatch& own) {
+  return c10::str("version ", own.version(), " when cached, ", own.current_version(), " now");
+}
+constexpr const char* kThroughAnotherTensor =
+    "through another tensor on its storage, such as the output of aten::_unsafe_view";
 
 // `value` with each tensor slot (a tensor, defined or not, alone or in a
 // list) replaced by `f` of it, in order.
@@ -124,9 +122,7 @@ std::optional<std::pair<size_t, std::string>> OpCache::first_modified(
       }
       const VersionWatch& own = call.versions[index];
       if (own.changed()) {
-        found.emplace(index, c10::str("version ", own.version(),
-                                      " when cached, ", own.current_version(),
-                                      " now"));
+        found.emplace(index, own_change(own));
         return;
       }
       if (!t.has_storage()) {
@@ -135,8 +131,7 @@ std::optional<std::pair<size_t, std::string>> OpCache::first_modified(
       const auto& info = storages_.at(t.storage().unsafeGetStorageImpl());
       for (const auto& other : info.watches) {
         if (other.changed()) {
-          found.emplace(index, "through another tensor on its storage, such "
-                               "as the output of aten::_unsafe_view");
+          found.emplace(index, kThroughAnotherTensor);
           return;
         }
       }
@@ -150,14 +145,12 @@ std::optional<std::pair<size_t, std::string>> OpCache::first_modified_stashed(
   for (size_t index = 0; index < call.versions.size(); ++index) {
     const VersionWatch& own = call.versions[index];
     if (own.changed()) {
-      return std::make_pair(index, c10::str("version ", own.version(), " when cached, ",
-                                            own.current_version(), " now"));
+      return std::make_pair(index, own_change(own));
     }
   }
   for (const auto& other : call.storage_watches) {
     if (other.changed()) {
-      return std::make_pair(size_t{0}, std::string("through another tensor on its storage, "
-                                                   "such as the output of aten::_unsafe_view"));
+      return std::make_pair(size_t{0}, std::string(kThroughAnotherTensor));
     }
   }
   return std::nullopt;

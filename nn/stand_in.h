@@ -25,9 +25,6 @@ class StandIn : public torch::nn::Module {
   void to(torch::Device device, bool non_blocking = false) override;
   void pretty_print(std::ostream& stream) const override;
 
-  // The module stood in for.
-  const std::shared_ptr<torch::nn::Module>& wrapped_module() const { return module_; }
-
  protected:
   StandIn(std::shared_ptr<torch::nn::Module> module, std::string kind);
 

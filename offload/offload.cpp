@@ -2,6 +2,7 @@
 
 #include <sac/checkpoint/saved_tensor_hooks.h>
 #include <sac/dispatch/interceptor.h>
+#include <sac/region/detached_alias.h>
 #include <sac/region/version_watch.h>
 
 #include <ATen/ops/empty_strided.h>
@@ -31,15 +32,6 @@ class HostMemory final : public CopyTarget {
     return back;
   }
 };
-
-// An alias of `t` sharing its storage and version counter, without its
-// autograd graph; made without an op, so no interceptor sees it, and no
-// cycle through the graph of a saved output is kept.
-at::Tensor detached_alias(const at::Tensor& t) {
-  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  return at::Tensor(impl->shallow_copy_and_detach(impl->version_counter(),
-                                                  /*allow_tensor_metadata_change=*/true));
-}
 
 // What one OffloadGuard decided: which tensors move, and where.
 class Offloader final : public TensorStash,

@@ -18,6 +18,15 @@ torch::nn::Sequential six_modules() {
                                torch::nn::Linear(32, 8), torch::nn::ReLU());
 }
 
+// A policy that counts the calls it is asked about and answers `save`.
+sac::Policy counting_policy(const std::shared_ptr<int>& asked, bool save) {
+  return sac::Policy::from_fn([asked, save](const sac::SelectiveCheckpointContext&,
+                                            const c10::OperatorHandle&, c10::ArrayRef<c10::IValue>) {
+    ++*asked;
+    return save;
+  });
+}
+
 TEST(CheckpointSequential, GradientsBitIdenticalForEverySegmentCount) {
   sac_test::expect_configured_mechanism();
   torch::manual_seed(0);
@@ -67,12 +76,7 @@ TEST(CheckpointSequential, UsesTheScopesOptionsAndChecksSegments) {
   auto x = torch::randn({4, 16}, torch::requires_grad());
   auto asked = std::make_shared<int>(0);
   {
-    sac::CheckpointScope scope(sac::CheckpointOptions().policy(sac::Policy::from_fn(
-        [asked](const sac::SelectiveCheckpointContext&, const c10::OperatorHandle&,
-                c10::ArrayRef<c10::IValue>) {
-          ++*asked;
-          return false;
-        })));
+    sac::CheckpointScope scope(sac::CheckpointOptions().policy(counting_policy(asked, false)));
     sac::checkpoint_sequential(model, 2, x);
   }
   EXPECT_GT(*asked, 0);
@@ -104,21 +108,13 @@ struct BlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
-std::vector<std::string> names_of(const torch::OrderedDict<std::string, at::Tensor>& dict) {
-  std::vector<std::string> names;
-  for (const auto& item : dict) {
-    names.push_back(item.key());
-  }
-  return names;
-}
-
 TEST(CheckpointWrapper, KeepsTheModulesNamesAndTensors) {
   torch::manual_seed(0);
   Block block(8);
   auto wrapped = sac::checkpoint_wrapper(block);
-  EXPECT_EQ(names_of(wrapped->named_parameters()), names_of(block->named_parameters()));
-  EXPECT_EQ(names_of(wrapped->named_buffers()), names_of(block->named_buffers()));
-  EXPECT_EQ(names_of(wrapped->named_parameters()),
+  EXPECT_EQ(wrapped->named_parameters().keys(), block->named_parameters().keys());
+  EXPECT_EQ(wrapped->named_buffers().keys(), block->named_buffers().keys());
+  EXPECT_EQ(wrapped->named_parameters().keys(),
             (std::vector<std::string>{"gain", "fc.weight", "fc.bias", "out.weight", "out.bias"}));
   // The same tensors, not copies: an optimizer on either moves both.
   const auto mine = wrapped->parameters();
@@ -136,7 +132,7 @@ TEST(CheckpointWrapper, KeepsTheModulesNamesAndTensors) {
   torch::nn::Sequential plain(Block(8), Block(8));
   torch::nn::Sequential wrapping(sac::checkpoint_wrapper(torch::nn::AnyModule(Block(8))),
                                  sac::checkpoint_wrapper(torch::nn::AnyModule(Block(8))));
-  EXPECT_EQ(names_of(wrapping->named_parameters()), names_of(plain->named_parameters()));
+  EXPECT_EQ(wrapping->named_parameters().keys(), plain->named_parameters().keys());
 }
 
 std::string saved(const std::shared_ptr<torch::nn::Module>& module) {
@@ -156,12 +152,12 @@ void load(const std::shared_ptr<torch::nn::Module>& module, const std::string& b
 
 void expect_same_state(torch::nn::Module& a, torch::nn::Module& b) {
   const auto pa = a.named_parameters(), pb = b.named_parameters();
-  ASSERT_EQ(names_of(pa), names_of(pb));
+  ASSERT_EQ(pa.keys(), pb.keys());
   for (const auto& item : pa) {
     EXPECT_TRUE(torch::equal(item.value(), pb[item.key()])) << item.key();
   }
   const auto ba = a.named_buffers(), bb = b.named_buffers();
-  ASSERT_EQ(names_of(ba), names_of(bb));
+  ASSERT_EQ(ba.keys(), bb.keys());
   for (const auto& item : ba) {
     EXPECT_TRUE(torch::equal(item.value(), bb[item.key()])) << item.key();
   }
@@ -305,12 +301,7 @@ TEST(CheckpointWrapper, HoldsTheSameBytesAsTheFunctionalForm) {
 TEST(CheckpointWrapper, UsesTheScopesOptionsUnlessGivenItsOwn) {
   sac_test::expect_configured_mechanism();
   auto asked = std::make_shared<int>(0);
-  auto counting = sac::CheckpointOptions().policy(sac::Policy::from_fn(
-      [asked](const sac::SelectiveCheckpointContext&, const c10::OperatorHandle&,
-              c10::ArrayRef<c10::IValue>) {
-        ++*asked;
-        return false;
-      }));
+  auto counting = sac::CheckpointOptions().policy(counting_policy(asked, false));
   auto x = torch::randn({2, 8}, torch::requires_grad());
   auto scoped = sac::checkpoint_wrapper(Block(8));
   auto own = sac::checkpoint_wrapper(Block(8), sac::CheckpointOptions());
@@ -404,7 +395,7 @@ TEST(ApplyActivationCheckpointing, WrapsSequentialEntriesAtAnyDepthAndReallyChec
   torch::manual_seed(0);
   Net net;
   auto x = torch::randn({32, 16}, torch::requires_grad());
-  const auto names = names_of(net->named_parameters());
+  const auto names = net->named_parameters().keys();
   const auto expected = sac_test::run_and_grad([&] { return net->forward(x); }, {x}, net->parameters());
 
   auto kept_after_forward = [&](const std::function<at::Tensor()>& forward) {
@@ -419,7 +410,7 @@ TEST(ApplyActivationCheckpointing, WrapsSequentialEntriesAtAnyDepthAndReallyChec
   const int64_t hand = kept_after_forward([&] { return by_hand(net, x); });
 
   EXPECT_EQ(sac::apply_activation_checkpointing(net, is_block_outside_head), 6);
-  EXPECT_EQ(names_of(net->named_parameters()), names);
+  EXPECT_EQ(net->named_parameters().keys(), names);
   EXPECT_NE(net->trunk->ptr(0)->as<sac::CheckpointWrapperImpl<torch::nn::AnyModule>>(), nullptr);
   EXPECT_NE(net->trunk->ptr(1)->as<torch::nn::ReLUImpl>(), nullptr) << "not chosen, not wrapped";
   const int64_t applied = kept_after_forward([&] { return net->forward(x); });
@@ -450,20 +441,15 @@ TEST(ApplyActivationCheckpointing, NestedChoicesAndTheScope) {
   auto x = torch::randn({4, 8}, torch::requires_grad());
   const auto expected = sac_test::run_and_grad([&] { return model->forward(x); }, {x}, model->parameters());
   // The stack, the two blocks inside it, the last block.
-  const auto names = names_of(model->named_parameters());
+  const auto names = model->named_parameters().keys();
   EXPECT_EQ(sac::apply_activation_checkpointing(
                 model, [](const std::string& name, const torch::nn::Module&) {
                   return name == "0" || name == "0.layers.0" || name == "0.layers.1" || name == "1";
                 }),
             4);
-  EXPECT_EQ(names_of(model->named_parameters()), names);
+  EXPECT_EQ(model->named_parameters().keys(), names);
   auto asked = std::make_shared<int>(0);
-  sac::CheckpointScope scope(sac::CheckpointOptions().policy(sac::Policy::from_fn(
-      [asked](const sac::SelectiveCheckpointContext&, const c10::OperatorHandle&,
-              c10::ArrayRef<c10::IValue>) {
-        ++*asked;
-        return true;
-      })));
+  sac::CheckpointScope scope(sac::CheckpointOptions().policy(counting_policy(asked, true)));
   const auto actual = sac_test::run_and_grad([&] { return model->forward(x); }, {x}, model->parameters());
   sac_test::expect_bit_identical(expected, actual);
   EXPECT_GT(*asked, 0) << "the wrappers use the scope's options";
@@ -471,7 +457,7 @@ TEST(ApplyActivationCheckpointing, NestedChoicesAndTheScope) {
 
 TEST(ApplyActivationCheckpointing, ModulesCalledThroughTheirTypeAreAnErrorAndNothingChanges) {
   Net net;
-  const auto names = names_of(net->named_parameters());
+  const auto names = net->named_parameters().keys();
   const auto message = sac_test::error_of([&] {
     sac::apply_activation_checkpointing(net, sac::modules_of_type<BlockImpl>());
   });
@@ -479,7 +465,7 @@ TEST(ApplyActivationCheckpointing, ModulesCalledThroughTheirTypeAreAnErrorAndNot
   EXPECT_NE(message.find("BlockImpl), a child of the root module"), std::string::npos) << message;
   EXPECT_NE(message.find("sac::CheckpointWrapper<"), std::string::npos) << message;
   EXPECT_NE(message.find("Nothing was wrapped"), std::string::npos) << message;
-  EXPECT_EQ(names_of(net->named_parameters()), names);
+  EXPECT_EQ(net->named_parameters().keys(), names);
   EXPECT_NE(net->trunk->ptr(0)->as<BlockImpl>(), nullptr) << "the trunk's blocks stay unwrapped";
 
   const auto list_message = sac_test::error_of([&] {

@@ -196,12 +196,9 @@ TEST(OffloadWrapper, KeepsNamesLeavesParametersAndComposesWithTheCheckpointWrapp
       sac::checkpoint_wrapper(block, sac::CheckpointOptions().policy(
                                          sac::Policy::save_ops({"aten::addmm"}))),
       sac::OffloadOptions().target(arena));
-  std::vector<std::string> names, offloaded_names, both_names;
-  for (const auto& p : block->named_parameters()) names.push_back(p.key());
-  for (const auto& p : offloaded->named_parameters()) offloaded_names.push_back(p.key());
-  for (const auto& p : both->named_parameters()) both_names.push_back(p.key());
-  EXPECT_EQ(offloaded_names, names);
-  EXPECT_EQ(both_names, names);
+  const auto names = block->named_parameters().keys();
+  EXPECT_EQ(offloaded->named_parameters().keys(), names);
+  EXPECT_EQ(both->named_parameters().keys(), names);
 
   auto x = torch::randn({16, 32}, torch::requires_grad());
   auto params = block->parameters();
