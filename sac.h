@@ -7,12 +7,15 @@
 //
 // The pieces, bottom up:
 //   sac/dispatch/interceptor.h     interception of aten ops below autograd
-//   sac/policy/policy.h            which op calls to save
+//   sac/policy/policy.h            which op calls to save, recompute, offload
+//   sac/policy/presets.h           ready-made policies (JAX, torchtitan, ...)
+//   sac/policy/combinators.h       any_of, all_of, except, every_nth, ...
 //   sac/cache/selective_modes.h    the caching and cached modes, their cache
 //   sac/record/recorder.h          recording a region's ops, replaying them
 //   sac/checkpoint/checkpoint.h    non-reentrant checkpoint and its options
 //   sac/checkpoint/region.h        the same for any code, by an RAII guard
 //   sac/checkpoint/scope.h         the options of a block of code
+//   sac/checkpoint/graph_exec_group.h  backward calls that recompute once
 //   sac/offload/offload.h          saved tensors kept in host memory
 //   sac/nn/...                     torch::nn models: checkpoint_wrapper.h,
 //                                  apply_activation_checkpointing.h,
@@ -26,6 +29,7 @@
 #include <sac/checkpoint/checkpoint.h>
 #include <sac/region/context.h>
 #include <sac/checkpoint/error.h>
+#include <sac/checkpoint/graph_exec_group.h>
 #include <sac/checkpoint/guards.h>
 #include <sac/checkpoint/options.h>
 #include <sac/checkpoint/region.h>
@@ -33,4 +37,7 @@
 #include <sac/dispatch/interceptor.h>
 #include <sac/offload/offload.h>
 #include <sac/policy/checkpoint_policy.h>
+#include <sac/policy/combinators.h>
 #include <sac/policy/policy.h>
+#include <sac/policy/presets.h>
+#include <sac/region/copy_target.h>

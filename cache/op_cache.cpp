@@ -1,8 +1,10 @@
 #include <sac/cache/op_cache.h>
 
 #include <sac/dispatch/boxed.h>
+#include <sac/dispatch/interceptor.h>
 #include <sac/region/detached_alias.h>
 
+#include <c10/core/GradMode.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/Exception.h>
 
@@ -51,14 +53,15 @@ c10::IValue map_tensors(const c10::IValue& value, F&& f) {
   return value;
 }
 
-c10::IValue with_detached_tensors(const c10::IValue& value) {
-  return map_tensors(value, detached_alias);
-}
-
 }  // namespace
 
 void OpCache::append_recompute(const c10::OperatorHandle& op) {
   calls_[op].emplace_back();
+}
+
+size_t OpCache::recorded_calls(const c10::OperatorHandle& op) const {
+  const auto it = calls_.find(op);
+  return it == calls_.end() ? 0 : it->second.size();
 }
 
 void OpCache::watch(StorageInfo& info, const at::Tensor& t) {
@@ -71,21 +74,90 @@ void OpCache::watch(StorageInfo& info, const at::Tensor& t) {
   info.watches.push_back(watch);
 }
 
+void OpCache::hold(Slot& slot, const at::Tensor& t) {
+  slot.held = detached_alias(t);
+  if (!t.has_storage()) {
+    return;
+  }
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  slot.storage = storage;
+  StorageInfo& info = storages_[storage];
+  if (info.slots++ == 0) {
+    info.pin.emplace(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage));
+  }
+  if (info.held++ == 0) {
+    info.nbytes = t.storage().nbytes();
+    bytes_ += info.nbytes;
+  }
+  watch(info, t);
+}
+
+void OpCache::unhold(Slot& slot) {
+  slot.held = at::Tensor();
+  if (slot.storage == nullptr) {
+    return;
+  }
+  StorageInfo& info = storages_.at(slot.storage);
+  if (--info.held == 0) {
+    bytes_ -= info.nbytes;
+  }
+}
+
+void OpCache::release(Slot& slot) {
+  if (slot.held.defined()) {
+    unhold(slot);
+  }
+  if (slot.storage != nullptr) {
+    auto it = storages_.find(slot.storage);
+    TORCH_INTERNAL_ASSERT(it != storages_.end());
+    if (--it->second.slots == 0) {
+      storages_.erase(it);
+    }
+    slot.storage = nullptr;
+  }
+  slot.stashed.reset();
+  slot.copy = at::Tensor();
+  slot.prefetched = at::Tensor();
+}
+
+void OpCache::offload(Slot& slot, CopyTarget& target) {
+  // The copy's own ops belong to no region, and autograd records none.
+  dispatch::IsolationGuard isolated;
+  c10::AutoGradMode no_grad(false);
+  slot.device = slot.held.device();
+  slot.copy = target.copy_out(slot.held);
+  unhold(slot);
+}
+
 void OpCache::append_saved(const c10::OperatorHandle& op,
                            c10::ArrayRef<c10::IValue> outputs,
-                           std::optional<GeneratorSnapshot> generator) {
+                           std::optional<GeneratorSnapshot> generator,
+                           std::shared_ptr<CopyTarget> offload_to) {
   Call call;
   call.state = Call::State::Saved;
   call.policy_saved = true;
+  // The structure stays in `outputs`, with each tensor replaced by a
+  // placeholder; the defined tensors go to the slots.
   call.outputs.reserve(outputs.size());
   for (const auto& output : outputs) {
-    call.outputs.push_back(with_detached_tensors(output));
-    for_each_tensor(call.outputs.back(), [&](const at::Tensor& t) {
-      call.versions.emplace_back(t);
-    });
+    call.outputs.push_back(map_tensors(output, [&](const at::Tensor& t) {
+      call.defined.push_back(t.defined());
+      if (t.defined()) {
+        call.slots.emplace_back(t);
+        hold(call.slots.back(), t);
+      }
+      return at::Tensor();
+    }));
+  }
+  if (offload_to != nullptr) {
+    for (auto& slot : call.slots) {
+      if (offload_to->accepts(slot.held)) {
+        offload(slot, *offload_to);
+      }
+    }
+    call.target = std::move(offload_to);
   }
   call.generator = std::move(generator);
-  hold(call.outputs);
   ++saved_calls_;
   calls_[op].push_back(std::move(call));
 }
@@ -109,48 +181,18 @@ void OpCache::watch_aliases(c10::ArrayRef<c10::IValue> values) {
 
 std::optional<std::pair<size_t, std::string>> OpCache::first_modified(
     const Call& call) const {
-  if (call.is_stashed) {
-    return first_modified_stashed(call);
-  }
-  std::optional<std::pair<size_t, std::string>> found;
-  size_t i = 0;
-  for (const auto& output : call.outputs) {
-    for_each_tensor(output, [&](const at::Tensor& t) {
-      const size_t index = i++;
-      if (found.has_value()) {
-        return;
-      }
-      const VersionWatch& own = call.versions[index];
-      if (own.changed()) {
-        found.emplace(index, own_change(own));
-        return;
-      }
-      if (!t.has_storage()) {
-        return;
-      }
-      const auto& info = storages_.at(t.storage().unsafeGetStorageImpl());
-      for (const auto& other : info.watches) {
-        if (other.changed()) {
-          found.emplace(index, kThroughAnotherTensor);
-          return;
-        }
-      }
-    });
-  }
-  return found;
-}
-
-std::optional<std::pair<size_t, std::string>> OpCache::first_modified_stashed(
-    const Call& call) const {
-  for (size_t index = 0; index < call.versions.size(); ++index) {
-    const VersionWatch& own = call.versions[index];
-    if (own.changed()) {
-      return std::make_pair(index, own_change(own));
+  for (size_t index = 0; index < call.slots.size(); ++index) {
+    const Slot& slot = call.slots[index];
+    if (slot.version.changed()) {
+      return std::make_pair(index, own_change(slot.version));
     }
-  }
-  for (const auto& other : call.storage_watches) {
-    if (other.changed()) {
-      return std::make_pair(size_t{0}, std::string(kThroughAnotherTensor));
+    if (slot.storage == nullptr) {
+      continue;
+    }
+    for (const auto& other : storages_.at(slot.storage).watches) {
+      if (other.changed()) {
+        return std::make_pair(index, std::string(kThroughAnotherTensor));
+      }
     }
   }
   return std::nullopt;
@@ -186,44 +228,65 @@ void OpCache::stash(TensorStash& stash) {
   TORCH_INTERNAL_ASSERT(!recording_, "sac: stash() of a cache still recording");
   for (auto& [op, calls] : calls_) {
     for (auto& call : calls) {
-      if (call.state != Call::State::Saved || call.is_stashed) {
+      if (call.state != Call::State::Saved) {
         continue;
       }
-      // The storages do not stay: their watches go with the call.
-      for (const auto& output : call.outputs) {
-        for_each_tensor(output, [&](const at::Tensor& t) {
-          if (t.has_storage()) {
-            const auto& watches = storages_.at(t.storage().unsafeGetStorageImpl()).watches;
-            call.storage_watches.insert(call.storage_watches.end(), watches.begin(),
-                                        watches.end());
-          }
-        });
+      for (auto& slot : call.slots) {
+        if (!slot.held.defined()) {
+          continue;  // offloaded, or stashed already
+        }
+        slot.stashed = stash.hooks();
+        slot.stashed->call_pack_hook(slot.held);
+        unhold(slot);
       }
-      release(call.outputs);
-      for (auto& output : call.outputs) {
-        output = map_tensors(output, [&](const at::Tensor& t) {
-          if (!t.defined()) {
-            call.stashed.push_back(nullptr);
-            return t;
-          }
-          auto hooks = stash.hooks();
-          hooks->call_pack_hook(t);
-          call.stashed.push_back(std::move(hooks));
-          return at::Tensor();
-        });
-      }
-      call.is_stashed = true;
     }
   }
 }
 
-std::vector<c10::IValue> OpCache::unstash(Call& call) {
-  size_t slot = 0;
+void OpCache::prefetch() {
+  dispatch::IsolationGuard isolated;
+  c10::AutoGradMode no_grad(false);
+  for (auto& [op, calls] : calls_) {
+    for (auto& call : calls) {
+      if (call.state != Call::State::Saved || call.target == nullptr) {
+        continue;
+      }
+      for (auto& slot : call.slots) {
+        if (slot.copy.defined() && !slot.prefetched.defined()) {
+          slot.prefetched = call.target->copy_back(slot.copy, slot.device);
+        }
+      }
+    }
+  }
+}
+
+std::vector<c10::IValue> OpCache::outputs_of(Call& call, bool consume) {
+  std::optional<dispatch::IsolationGuard> isolated;
+  std::optional<c10::AutoGradMode> no_grad;
+  size_t index = 0;
+  auto tensor_of = [&](const at::Tensor&) -> at::Tensor {
+    Slot& slot = call.slots.at(index++);
+    if (slot.held.defined()) {
+      return consume ? slot.held : detached_alias(slot.held);
+    }
+    if (slot.stashed != nullptr) {
+      return slot.stashed->call_unpack_hook();
+    }
+    if (consume && slot.prefetched.defined()) {
+      return std::move(slot.prefetched);
+    }
+    if (!isolated.has_value()) {
+      isolated.emplace();
+      no_grad.emplace(false);
+    }
+    return call.target->copy_back(slot.copy, slot.device);
+  };
+  size_t position = 0;
   std::vector<c10::IValue> outputs;
+  outputs.reserve(call.outputs.size());
   for (const auto& output : call.outputs) {
-    outputs.push_back(map_tensors(output, [&](const at::Tensor&) {
-      const auto& hooks = call.stashed.at(slot++);
-      return hooks == nullptr ? at::Tensor() : hooks->call_unpack_hook();
+    outputs.push_back(map_tensors(output, [&](const at::Tensor& placeholder) {
+      return call.defined.at(position++) ? tensor_of(placeholder) : at::Tensor();
     }));
   }
   return outputs;
@@ -267,12 +330,7 @@ OpCache::Served OpCache::take(const c10::OperatorHandle& op, size_t index,
   if (recording_) {
     // The backward after the forward needs them too: hand out new aliases.
     TORCH_INTERNAL_ASSERT(call.state == Call::State::Saved);
-    Served served;
-    for (const auto& output : call.outputs) {
-      served.outputs.push_back(with_detached_tensors(output));
-    }
-    served.generator = call.generator;
-    return served;
+    return {outputs_of(call, /*consume=*/false), call.generator};
   }
   TORCH_CHECK(call.state != Call::State::Served,
               "sac: Trying to backward an extra time through a region "
@@ -294,19 +352,9 @@ OpCache::Served OpCache::take(const c10::OperatorHandle& op, size_t index,
                 op.operator_name(),
                 ", or allow it with allow_cache_entry_mutation(true).");
   }
-  Served served;
-  if (call.is_stashed) {
-    served.outputs = unstash(call);
-    call.stashed.clear();
-  } else {
-    release(call.outputs);
-    served.outputs = std::move(call.outputs);
-  }
-  served.generator = std::move(call.generator);
-  call.outputs.clear();
-  call.generator.reset();
+  Served served{outputs_of(call, /*consume=*/true), std::move(call.generator)};
+  drop(call);
   call.state = Call::State::Served;
-  --saved_calls_;
   return served;
 }
 
@@ -317,46 +365,15 @@ void OpCache::clear() {
   saved_calls_ = 0;
 }
 
-void OpCache::hold(const std::vector<c10::IValue>& outputs) {
-  for (const auto& output : outputs) {
-    for_each_tensor(output, [&](const at::Tensor& t) {
-      if (!t.has_storage()) {
-        return;
-      }
-      StorageInfo& info = storages_[t.storage().unsafeGetStorageImpl()];
-      if (info.refs++ == 0) {
-        info.nbytes = t.storage().nbytes();
-        bytes_ += info.nbytes;
-      }
-      watch(info, t);
-    });
-  }
-}
-
-void OpCache::release(const std::vector<c10::IValue>& outputs) {
-  for (const auto& output : outputs) {
-    for_each_tensor(output, [&](const at::Tensor& t) {
-      if (!t.has_storage()) {
-        return;
-      }
-      auto it = storages_.find(t.storage().unsafeGetStorageImpl());
-      TORCH_INTERNAL_ASSERT(it != storages_.end());
-      if (--it->second.refs == 0) {
-        bytes_ -= it->second.nbytes;
-        storages_.erase(it);
-      }
-    });
-  }
-}
-
 void OpCache::drop(Call& call) {
-  if (!call.is_stashed) {
-    release(call.outputs);
+  for (auto& slot : call.slots) {
+    release(slot);
   }
   call.outputs.clear();
-  call.stashed.clear();
-  call.versions.clear();
+  call.defined.clear();
+  call.slots.clear();
   call.generator.reset();
+  call.target.reset();
   --saved_calls_;
 }
 

@@ -8,12 +8,15 @@
 // values that were stored.
 #pragma once
 
+#include <sac/region/copy_target.h>
 #include <sac/region/stash.h>
 #include <sac/region/version_watch.h>
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/util/intrusive_ptr.h>
 
 #include <cstdint>
 #include <memory>
@@ -66,10 +69,17 @@ class OpCache {
 
   // Records the next call of `op` as saved: keeps a detached alias of each
   // tensor in `outputs` (same storage and version counter, no autograd
-  // history) with its version now; other values are kept as they are.
+  // history) with its version now; other values are kept as they are. With
+  // `offload_to`, each tensor it accepts is copied there now and its alias
+  // dropped, so the device memory goes as soon as the forward is done with
+  // it; a tensor it does not accept is kept as saved.
   void append_saved(const c10::OperatorHandle& op,
                     c10::ArrayRef<c10::IValue> outputs,
-                    std::optional<GeneratorSnapshot> generator);
+                    std::optional<GeneratorSnapshot> generator,
+                    std::shared_ptr<CopyTarget> offload_to = nullptr);
+
+  // The number of calls of `op` recorded so far: the index of the next one.
+  size_t recorded_calls(const c10::OperatorHandle& op) const;
 
   // Watches the tensors among `values` that share storage with a cached
   // tensor: an op such as aten::_unsafe_view returns a tensor on its input's
@@ -97,6 +107,11 @@ class OpCache {
   // call (and is not recording any more).
   Record record(const c10::OperatorHandle& op, size_t call) const;
 
+  // Starts copying every offloaded output back to its device, so that the
+  // copies overlap with the work queued before the recomputation reaches
+  // them. take() waits for them.
+  void prefetch();
+
   struct Served {
     std::vector<c10::IValue> outputs;
     std::optional<GeneratorSnapshot> generator;
@@ -115,8 +130,10 @@ class OpCache {
 
   // ---- Accounting ---------------------------------------------------------
 
-  // Bytes of tensor storage the cache keeps alive (each storage counted
-  // once, however many cached tensors share it).
+  // Bytes of tensor storage the cache keeps alive on the outputs' devices
+  // (each storage counted once, however many cached tensors share it).
+  // Offloaded and stashed outputs are not counted: the target and the
+  // stash hold those.
   size_t bytes() const { return bytes_; }
   // Saved calls whose outputs have not been handed out yet.
   size_t saved_calls() const { return saved_calls_; }
@@ -124,46 +141,68 @@ class OpCache {
   size_t demoted_calls() const { return demoted_calls_; }
 
  private:
+  // One tensor among a saved call's outputs, and where it is now.
+  struct Slot {
+    explicit Slot(const at::Tensor& t) : version(t) {}
+    VersionWatch version;  // the output's own counter
+    const c10::StorageImpl* storage = nullptr;  // its key in storages_, if any
+    at::Tensor held;       // on its device (a detached alias)
+    // Or stashed (sac/region/stash.h) ...
+    std::unique_ptr<torch::autograd::SavedVariableHooks> stashed;
+    // ... or offloaded: the copy in the call's target, its device, and the
+    // tensor copied back by prefetch().
+    at::Tensor copy;
+    c10::Device device = c10::kCPU;
+    at::Tensor prefetched;
+  };
+
   struct Call {
     enum class State : uint8_t { Recompute, Saved, Served };
     State state = State::Recompute;
     bool policy_saved = false;
+    // The op's outputs with their structure, each tensor replaced by an
+    // undefined placeholder; per placeholder, whether it stands for a
+    // defined tensor, which is then in the next slot.
     std::vector<c10::IValue> outputs;
-    std::vector<VersionWatch> versions;  // one per tensor in outputs, in order
+    std::vector<bool> defined;
+    std::vector<Slot> slots;
     std::optional<GeneratorSnapshot> generator;
-    // After stash(): the tensors of `outputs` are placeholders; these hooks,
-    // one per tensor slot (null for an undefined tensor), hold them, and
-    // these watches are those of the storages they were on.
-    std::vector<std::unique_ptr<torch::autograd::SavedVariableHooks>> stashed;
-    std::vector<VersionWatch> storage_watches;
-    bool is_stashed = false;
+    std::shared_ptr<CopyTarget> target;  // of the offloaded slots
   };
 
   // The call, or null for one past the end of a forward still recording.
   const Call* find(const c10::OperatorHandle& op, size_t call) const;
   void demote_modified();
-  void hold(const std::vector<c10::IValue>& outputs);
-  void release(const std::vector<c10::IValue>& outputs);
+  void offload(Slot& slot, CopyTarget& target);
+  // The call's outputs with each slot's tensor: the held ones as new
+  // aliases and the others copied back (`consume`: moved out, and prefetched
+  // copies used).
+  std::vector<c10::IValue> outputs_of(Call& call, bool consume);
+  void hold(Slot& slot, const at::Tensor& t);
+  // The slot's tensor leaves the device (stashed, offloaded or served).
+  void unhold(Slot& slot);
+  void release(Slot& slot);
   void drop(Call& call);
 
   std::unordered_map<c10::OperatorHandle, std::vector<Call>> calls_;
-  // Per storage held by the cache.
+  // Per storage of a slot (held, stashed or offloaded).
   struct StorageInfo {
-    size_t refs = 0;    // cached tensors using it
+    size_t slots = 0;   // slots on it
+    size_t held = 0;    // of which hold it on the device
     size_t nbytes = 0;  // its size when first held
     // Every version counter known on it, one watch each: the cached tensors'
     // own and their aliases' (see watch_aliases). A change through any of
     // them changes the memory every cached tensor on it reads.
     std::vector<VersionWatch> watches;
+    // Keeps the key's address from being reused by another storage after
+    // the device memory is gone (stashed or offloaded slots).
+    std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> pin;
   };
   void watch(StorageInfo& info, const at::Tensor& t);
 
   // The first tensor of `call` modified since it was stored: its index and
   // how, or nullopt.
   std::optional<std::pair<size_t, std::string>> first_modified(const Call& call) const;
-  std::optional<std::pair<size_t, std::string>> first_modified_stashed(const Call& call) const;
-  // The outputs of a stashed call, back from its hooks.
-  std::vector<c10::IValue> unstash(Call& call);
 
   std::unordered_map<const c10::StorageImpl*, StorageInfo> storages_;
   bool recording_ = false;

@@ -72,8 +72,10 @@ void SelectiveMode::exit() {
 
 // ---- CachingMode ------------------------------------------------------------
 
-CachingMode::CachingMode(Policy policy, std::shared_ptr<OpCache> cache)
-    : SelectiveMode(std::move(policy), std::move(cache)) {}
+CachingMode::CachingMode(Policy policy, std::shared_ptr<OpCache> cache,
+                         std::shared_ptr<CopyTarget> offload_to)
+    : SelectiveMode(std::move(policy), std::move(cache)),
+      offload_to_(std::move(offload_to)) {}
 
 void CachingMode::on_outermost_enter() {
   TORCH_CHECK(cache_->empty(),
@@ -101,36 +103,42 @@ void CachingMode::intercept(const c10::OperatorHandle& op,
     cache_->watch_aliases(outputs_on(op, *stack));
     return;
   }
+  // The policy reads the arguments after the op ran, and an input may share
+  // a saved output's storage (aten::_unsafe_view), to be watched: they
+  // outlive the call.
   const auto args = arguments_on(op, *stack);
-  const bool save = is_save(policy_.decide({/*is_recompute=*/false}, op, args));
-  if (!save) {
-    dispatch::run_op(op, below, stack);
-    cache_->watch_aliases(outputs_on(op, *stack));
+  const std::vector<c10::IValue> inputs(args.begin(), args.end());
+  const bool random = policy::is_random(op);
+  std::optional<at::Generator> generator =
+      random ? explicit_generator(inputs) : std::nullopt;
+  dispatch::run_op(op, below, stack);
+  const auto outputs = outputs_on(op, *stack);
+  std::optional<GeneratorSnapshot> after =
+      random ? snapshot_after(std::move(generator), outputs) : std::nullopt;
+  const SelectiveCheckpointContext ctx{/*is_recompute=*/false, outputs,
+                                       cache_->recorded_calls(op)};
+  const CheckpointPolicy answer = policy_.decide(ctx, op, inputs);
+  if (is_recompute(answer)) {
+    cache_->watch_aliases(outputs);
     cache_->append_recompute(op);
     return;
   }
-  const bool random = policy::is_random(op);
-  std::optional<at::Generator> generator =
-      random ? explicit_generator(args) : std::nullopt;
-  // An input may share the output's storage (aten::_unsafe_view): it must be
-  // watched too, so the arguments outlive the call.
-  const std::vector<c10::IValue> inputs(args.begin(), args.end());
-  dispatch::run_op(op, below, stack);
-  const auto outputs = outputs_on(op, *stack);
-  cache_->append_saved(op, outputs,
-                       random ? snapshot_after(std::move(generator), outputs)
-                              : std::nullopt);
+  cache_->append_saved(op, outputs, std::move(after),
+                       is_offload(answer) ? offload_to_ : nullptr);
   cache_->watch_aliases(inputs);
 }
 
 // ---- CachedMode -------------------------------------------------------------
 
 CachedMode::CachedMode(Policy policy, std::shared_ptr<OpCache> cache,
-                       bool allow_cache_entry_mutation,
-                       RecomputeDecisions decisions)
+                       bool allow_cache_entry_mutation)
     : SelectiveMode(std::move(policy), std::move(cache)),
-      allow_cache_entry_mutation_(allow_cache_entry_mutation),
-      decisions_(decisions) {}
+      allow_cache_entry_mutation_(allow_cache_entry_mutation) {}
+
+void CachedMode::on_outermost_enter() {
+  next_call_.clear();
+  cache_->prefetch();
+}
 
 void CachedMode::intercept(const c10::OperatorHandle& op,
                            c10::DispatchKeySet below, torch::jit::Stack* stack) {
@@ -139,11 +147,7 @@ void CachedMode::intercept(const c10::OperatorHandle& op,
     return;
   }
   const size_t call = next_call_[op]++;
-  const OpCache::Record record = cache_->record(op, call);
-  if (decisions_ == RecomputeDecisions::AskPolicy && record.recorded) {
-    check_same_decision(op, call, record.policy_saved, arguments_on(op, *stack));
-  }
-  if (!record.cached) {
+  if (!cache_->record(op, call).cached) {
     dispatch::run_op(op, below, stack);
     return;
   }
@@ -157,33 +161,20 @@ void CachedMode::intercept(const c10::OperatorHandle& op,
   }
 }
 
-void CachedMode::check_same_decision(const c10::OperatorHandle& op, size_t call,
-                                     bool saved_in_forward,
-                                     c10::ArrayRef<c10::IValue> args) const {
-  const CheckpointPolicy now = policy_.decide({/*is_recompute=*/true}, op, args);
-  TORCH_CHECK(is_save(now) == saved_in_forward, "sac: the policy decided ",
-              saved_in_forward ? "save" : "recompute", " for call ", call, " of ",
-              op.operator_name(), " in the forward but ", to_string(now),
-              " when asked again during recomputation. A policy asked again "
-              "(RecomputeDecisions::AskPolicy) must repeat its forward "
-              "decisions; a stateful policy must reset its state when it first "
-              "sees ctx.is_recompute. Or keep the default "
-              "RecomputeDecisions::ReplayForward, which replays the forward's "
-              "decisions without asking.");
-}
-
 // ---- Factory ----------------------------------------------------------------
 
 SelectiveCheckpointContexts create_selective_checkpoint_contexts(
     const Policy& policy, bool allow_cache_entry_mutation,
-    RecomputeDecisions decisions) {
+    std::shared_ptr<CopyTarget> offload_to) {
   policy.prepare_interception();
   // The caching mode watches these for in-place changes to cached values.
   dispatch::intercept_ops(policy::hidden_alias_ops());
   auto cache = std::make_shared<OpCache>();
-  return {std::make_shared<CachingMode>(policy, cache),
-          std::make_shared<CachedMode>(policy, cache, allow_cache_entry_mutation,
-                                       decisions),
+  if (offload_to == nullptr) {
+    offload_to = host_memory();
+  }
+  return {std::make_shared<CachingMode>(policy, cache, std::move(offload_to)),
+          std::make_shared<CachedMode>(policy, cache, allow_cache_entry_mutation),
           cache};
 }
 

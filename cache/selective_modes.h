@@ -4,9 +4,10 @@
 // Both are `RegionContext`s that, while entered, intercept the ops of their
 // thread below autograd (sac/dispatch/interceptor.h). For each cacheable op
 // call (sac/policy/op_traits.h):
-//   * the caching mode asks the policy, runs the op, and records the call in
-//     the shared `OpCache`: its outputs if the policy said save, else a
-//     recompute mark;
+//   * the caching mode runs the op, asks the policy (with the op's outputs,
+//     as PyTorch 2.13 does), and records the call in the shared `OpCache`:
+//     its outputs if the policy said save, a copy of them in the offload
+//     target if it said offload, else a recompute mark;
 //   * the cached mode replays the forward's record of the same call (same
 //     op, same call index): it serves saved outputs from the cache without
 //     running the op, and runs the op otherwise. Autograd above both modes
@@ -35,17 +36,6 @@
 
 namespace sac {
 
-// How the cached mode decides about each op call.
-enum class RecomputeDecisions {
-  // Replay the forward's decision for the same call (default). A stateful
-  // policy (one that saves every other matmul, say) cannot make the two
-  // passes disagree.
-  ReplayForward,
-  // Ask the policy again with `is_recompute = true`, as older PyTorch did. A
-  // decision that differs from the forward's throws.
-  AskPolicy,
-};
-
 // What both modes share: a policy, a cache, and interception of the thread's
 // ops while entered. Entries nest; the outermost entry and exit are where a
 // mode starts and finishes its pass.
@@ -72,7 +62,9 @@ class SelectiveMode : public RegionContext, protected dispatch::OpInterceptor {
 
 class CachingMode final : public SelectiveMode {
  public:
-  CachingMode(Policy policy, std::shared_ptr<OpCache> cache);
+  // Offload answers copy outputs to `offload_to`.
+  CachingMode(Policy policy, std::shared_ptr<OpCache> cache,
+              std::shared_ptr<CopyTarget> offload_to);
 
  private:
   // Refuses to record a second forward into a cache that holds one; starts
@@ -83,24 +75,23 @@ class CachingMode final : public SelectiveMode {
   void on_outermost_exit() override;
   void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
                  torch::jit::Stack* stack) override;
+
+  std::shared_ptr<CopyTarget> offload_to_;
 };
 
 class CachedMode final : public SelectiveMode {
  public:
   CachedMode(Policy policy, std::shared_ptr<OpCache> cache,
-             bool allow_cache_entry_mutation, RecomputeDecisions decisions);
+             bool allow_cache_entry_mutation);
 
  private:
-  // Each pass replays from the first call.
-  void on_outermost_enter() override { next_call_.clear(); }
+  // Each pass replays from the first call, and starts bringing offloaded
+  // outputs back at once.
+  void on_outermost_enter() override;
   void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
                  torch::jit::Stack* stack) override;
-  void check_same_decision(const c10::OperatorHandle& op, size_t call,
-                           bool saved_in_forward,
-                           c10::ArrayRef<c10::IValue> args) const;
 
   bool allow_cache_entry_mutation_;
-  RecomputeDecisions decisions_;
   std::unordered_map<c10::OperatorHandle, size_t> next_call_;
 };
 
@@ -117,9 +108,10 @@ struct SelectiveCheckpointContexts {
 };
 
 // PyTorch's create_selective_checkpoint_contexts. Also makes sure the ops the
-// policy may save are intercepted (per-op kernels are registered now).
+// policy is asked about are intercepted (per-op kernels are registered now).
+// Offload answers go to `offload_to` (default: host_memory()).
 SelectiveCheckpointContexts create_selective_checkpoint_contexts(
     const Policy& policy, bool allow_cache_entry_mutation = false,
-    RecomputeDecisions decisions = RecomputeDecisions::ReplayForward);
+    std::shared_ptr<CopyTarget> offload_to = nullptr);
 
 }  // namespace sac

@@ -1,6 +1,7 @@
 #include <sac/checkpoint/frame.h>
 
 #include <sac/checkpoint/error.h>
+#include <sac/checkpoint/graph_exec_group.h>
 #include <sac/dispatch/interceptor.h>
 #include <sac/region/version_watch.h>
 
@@ -85,9 +86,14 @@ class ForwardHooks final : public torch::autograd::SavedVariableHooks {
   std::shared_ptr<Holder> holder_;
 };
 
-// Unpacks outside any backward pass get an id of their own each (PyTorch uses
-// a fresh uuid), so each recomputes.
+// The pass an unpack belongs to, which recomputes once: the thread's
+// GraphExecGroup, else the backward call (graph task). Unpacks outside any
+// backward get an id of their own each (PyTorch uses a fresh uuid), so each
+// recomputes.
 int64_t current_graph_task() {
+  if (const auto group = GraphExecGroup::current_id()) {
+    return *group;
+  }
   static std::atomic<int64_t> next_temporary{-2};
   const int64_t id = torch::autograd::get_current_graph_task_id();
   return id == -1 ? next_temporary.fetch_sub(1) : id;
@@ -180,8 +186,15 @@ at::Tensor CheckpointFrame::unpack_unchecked(Holder& holder) {
   SAC_CHECKPOINT_CHECK(
       !slot->second.unpacked,
       "sac::checkpoint: a saved tensor is being unpacked a second time in the "
-      "same backward pass. A custom autograd function must read its saved "
-      "tensors once per backward (call ctx->get_saved_variables() once).");
+      "same backward pass. ",
+      GraphExecGroup::current_id().has_value()
+          ? "Two backward calls inside one sac::GraphExecGroup need the same "
+            "saved tensor: the backward calls of a group must cover parts of "
+            "the graph that do not overlap. Run overlapping backward calls "
+            "outside the group. "
+          : "",
+      "A custom autograd function must read its saved tensors once per "
+      "backward (call ctx->get_saved_variables() once).");
   slot->second.unpacked = true;
   return std::move(slot->second.value);
 }

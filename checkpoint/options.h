@@ -5,6 +5,7 @@
 #include <sac/region/context.h>
 #include <sac/policy/policy.h>
 
+#include <memory>
 #include <optional>
 
 namespace sac {
@@ -79,9 +80,10 @@ class CheckpointOptions {
     allow_cache_entry_mutation_ = allow;
     return *this;
   }
-  // With policy(): replay the forward's decisions (default) or ask again.
-  CheckpointOptions& recompute_decisions(RecomputeDecisions decisions) {
-    recompute_decisions_ = decisions;
+  // With policy(): where the outputs the policy answers offload for go.
+  // Default host_memory() (sac/region/copy_target.h).
+  CheckpointOptions& offload_to(std::shared_ptr<CopyTarget> target) {
+    offload_to_ = std::move(target);
     return *this;
   }
 
@@ -96,9 +98,7 @@ class CheckpointOptions {
   const std::optional<bool>& allow_cache_entry_mutation() const {
     return allow_cache_entry_mutation_;
   }
-  const std::optional<RecomputeDecisions>& recompute_decisions() const {
-    return recompute_decisions_;
-  }
+  const std::shared_ptr<CopyTarget>& offload_to() const { return offload_to_; }
 
  private:
   std::optional<Policy> policy_;
@@ -110,7 +110,7 @@ class CheckpointOptions {
   bool outside_tensor_check_ = true;
   bool early_stop_ = true;
   std::optional<bool> allow_cache_entry_mutation_;
-  std::optional<RecomputeDecisions> recompute_decisions_;
+  std::shared_ptr<CopyTarget> offload_to_;
 };
 
 }  // namespace sac

@@ -5,7 +5,6 @@
 #include <sac/region/detached_alias.h>
 #include <sac/region/version_watch.h>
 
-#include <ATen/ops/empty_strided.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/util/Exception.h>
@@ -14,24 +13,6 @@
 
 namespace sac {
 namespace {
-
-class HostMemory final : public CopyTarget {
- public:
-  bool accepts(const at::Tensor& t) const override { return !t.is_cpu(); }
-  at::Tensor copy_out(const at::Tensor& t) override {
-    at::Tensor host = at::empty_strided(
-        t.sizes(), t.strides(),
-        t.options().device(c10::kCPU).pinned_memory(true));
-    host.copy_(t, /*non_blocking=*/true);
-    return host;
-  }
-  at::Tensor copy_back(const at::Tensor& copy, c10::Device device) override {
-    at::Tensor back =
-        at::empty_strided(copy.sizes(), copy.strides(), copy.options().device(device));
-    back.copy_(copy, /*non_blocking=*/true);
-    return back;
-  }
-};
 
 // What one OffloadGuard decided: which tensors move, and where.
 class Offloader final : public TensorStash,
@@ -115,8 +96,6 @@ std::unique_ptr<torch::autograd::SavedVariableHooks> Offloader::hooks() {
 }
 
 }  // namespace
-
-std::shared_ptr<CopyTarget> host_memory() { return std::make_shared<HostMemory>(); }
 
 OffloadGuard::OffloadGuard(OffloadOptions options) {
   detail::install_hooking_engine();

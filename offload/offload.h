@@ -22,6 +22,7 @@
 // check; sac keeps it).
 #pragma once
 
+#include <sac/region/copy_target.h>
 #include <sac/region/stash.h>
 
 #include <ATen/core/Tensor.h>
@@ -37,24 +38,6 @@ namespace sac {
 namespace detail {
 class SavedTensorHooksGuard;
 }  // namespace detail
-
-// Where offloaded tensors go, and how they come back. The default,
-// host_memory(), moves accelerator tensors to pinned host memory and leaves
-// CPU tensors where they are; tests and special memories inject their own.
-class CopyTarget {
- public:
-  virtual ~CopyTarget() = default;
-  // Whether `t` goes to the target at all (the guard's size limit aside).
-  virtual bool accepts(const at::Tensor& t) const = 0;
-  // A copy of `t`, with its sizes and strides, in the target's memory.
-  virtual at::Tensor copy_out(const at::Tensor& t) = 0;
-  // `copy` back on `device`, with its sizes and strides: an equal tensor.
-  virtual at::Tensor copy_back(const at::Tensor& copy, c10::Device device) = 0;
-};
-
-// Pinned host memory; copies are asynchronous on the accelerator's current
-// stream, which orders them with the kernels that produce and use them.
-std::shared_ptr<CopyTarget> host_memory();
 
 class OffloadOptions {
  public:

@@ -20,24 +20,88 @@ std::string_view to_string(CheckpointPolicy policy) {
       return "MustRecompute";
     case CheckpointPolicy::PreferRecompute:
       return "PreferRecompute";
+    case CheckpointPolicy::MustCpuOffload:
+      return "MustCpuOffload";
+    case CheckpointPolicy::PreferCpuOffload:
+      return "PreferCpuOffload";
   }
   return "unknown";
 }
 
-struct Policy::Impl {
-  std::vector<c10::OperatorHandle> ops;  // save_ops
-  std::vector<std::string> names;        // save_ops, as written
-  Fn fn;                                 // callbacks
+// ---- OpDomain ---------------------------------------------------------------
+
+bool OpDomain::contains(const c10::OperatorHandle& op) const {
+  if (every_cacheable_op) {
+    return policy::is_cacheable(op);
+  }
+  return std::find(ops.begin(), ops.end(), op) != ops.end();
+}
+
+OpDomain OpDomain::united_with(const OpDomain& other) const {
+  if (every_cacheable_op || other.every_cacheable_op) {
+    return {true, {}};
+  }
+  OpDomain out = *this;
+  for (const auto& op : other.ops) {
+    if (!out.contains(op)) {
+      out.ops.push_back(op);
+    }
+  }
+  return out;
+}
+
+// ---- Rules of the factories ---------------------------------------------------
+
+namespace {
+
+// The listed ops get `answer`; the rest PreferRecompute.
+class OpListRule final : public Policy::Rule {
+ public:
+  OpListRule(std::vector<c10::OperatorHandle> ops, CheckpointPolicy answer,
+             std::string description)
+      : ops_(std::move(ops)), answer_(answer), description_(std::move(description)) {}
+
+  CheckpointPolicy decide(const SelectiveCheckpointContext&, const c10::OperatorHandle& op,
+                          c10::ArrayRef<c10::IValue>) const override {
+    return std::find(ops_.begin(), ops_.end(), op) != ops_.end()
+               ? answer_
+               : CheckpointPolicy::PreferRecompute;
+  }
+  OpDomain domain() const override { return {false, ops_}; }
+  std::string describe() const override { return description_; }
+
+ private:
+  std::vector<c10::OperatorHandle> ops_;
+  CheckpointPolicy answer_;
+  std::string description_;
 };
 
-Policy::Policy(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
+// "prefix(name, name, ...)" with the names as written.
+std::string listing(std::string prefix, const std::vector<std::string>& names) {
+  for (size_t i = 0; i < names.size(); ++i) {
+    prefix += (i == 0 ? "" : ", ") + names[i];
+  }
+  return prefix + ")";
+}
 
-Policy Policy::save_ops(const std::vector<std::string>& op_names) {
-  TORCH_CHECK(!op_names.empty(),
-              "sac: Policy::save_ops got an empty op list, which would save "
-              "nothing (full recomputation). Name the ops to save, or "
-              "checkpoint without a policy for full recomputation.");
-  auto impl = std::make_shared<Impl>();
+class CallbackRule final : public Policy::Rule {
+ public:
+  explicit CallbackRule(Policy::Fn fn) : fn_(std::move(fn)) {}
+  CheckpointPolicy decide(const SelectiveCheckpointContext& ctx, const c10::OperatorHandle& op,
+                          c10::ArrayRef<c10::IValue> args) const override {
+    return fn_(ctx, op, args);
+  }
+  OpDomain domain() const override { return {true, {}}; }
+  std::string describe() const override { return "callback"; }
+
+ private:
+  Policy::Fn fn_;
+};
+
+// The operators `op_names` denote, for a list that must keep each of them.
+std::vector<c10::OperatorHandle> resolve_cacheable(const std::vector<std::string>& op_names,
+                                                   const char* factory) {
+  std::vector<c10::OperatorHandle> ops;
   for (const auto& name : op_names) {
     const auto resolved = policy::resolve_op_name(name);
     const bool explicit_all = name.size() > 2 && name.substr(name.size() - 2) == ".*";
@@ -47,31 +111,60 @@ Policy Policy::save_ops(const std::vector<std::string>& op_names) {
       if (why_not.has_value()) {
         // "ns::name.*" asks for the overloads that can be cached; naming
         // one op that never can is a mistake to report.
-        TORCH_CHECK(explicit_all, "sac: Policy::save_ops cannot save '", name,
-                    "' (", c10::toString(op.operator_name()), "): ", *why_not,
+        TORCH_CHECK(explicit_all, "sac: Policy::", factory, " cannot save '", name, "' (",
+                    c10::toString(op.operator_name()), "): ", *why_not,
                     ". Remove it from the list.");
         continue;
       }
-      if (std::find(impl->ops.begin(), impl->ops.end(), op) == impl->ops.end()) {
-        impl->ops.push_back(op);
+      if (std::find(ops.begin(), ops.end(), op) == ops.end()) {
+        ops.push_back(op);
       }
       ++kept;
     }
-    TORCH_CHECK(kept > 0, "sac: Policy::save_ops: no overload of '", name,
+    TORCH_CHECK(kept > 0, "sac: Policy::", factory, ": no overload of '", name,
                 "' can be cached (they are views, in-place or out= ops, or "
                 "decompose above autograd). Remove it from the list.");
-    impl->names.push_back(name);
   }
-  return Policy(std::move(impl));
+  return ops;
+}
+
+}  // namespace
+
+// ---- Policy -------------------------------------------------------------------
+
+Policy::Policy(std::shared_ptr<const Rule> rule) : rule_(std::move(rule)) {
+  TORCH_CHECK(rule_ != nullptr, "sac: a Policy needs a rule; got a null one.");
+  domain_ = std::make_shared<const OpDomain>(rule_->domain());
+}
+
+Policy Policy::save_ops(const std::vector<std::string>& op_names) {
+  TORCH_CHECK(!op_names.empty(),
+              "sac: Policy::save_ops got an empty op list, which would save "
+              "nothing (full recomputation). Name the ops to save, or "
+              "checkpoint without a policy (or with sac::nothing_saveable()) "
+              "for full recomputation.");
+  return answer_ops(resolve_cacheable(op_names, "save_ops"), CheckpointPolicy::MustSave,
+                    listing("save_ops(", op_names));
+}
+
+Policy Policy::answer_ops(const std::vector<std::string>& op_names,
+                          CheckpointPolicy answer) {
+  TORCH_CHECK(!op_names.empty(), "sac: Policy::answer_ops got an empty op list; name "
+              "the ops that get ", to_string(answer), ".");
+  return answer_ops(resolve_cacheable(op_names, "answer_ops"), answer,
+                    listing("answer_ops(" + std::string(to_string(answer)) + ", ", op_names));
+}
+
+Policy Policy::answer_ops(std::vector<c10::OperatorHandle> ops, CheckpointPolicy answer,
+                          std::string description) {
+  return Policy(std::make_shared<OpListRule>(std::move(ops), answer, std::move(description)));
 }
 
 Policy Policy::from_fn(Fn fn) {
   TORCH_CHECK(static_cast<bool>(fn),
               "sac: Policy::from_fn got an empty std::function; pass a "
               "callable that returns a sac::CheckpointPolicy or a bool.");
-  auto impl = std::make_shared<Impl>();
-  impl->fn = std::move(fn);
-  return Policy(std::move(impl));
+  return Policy(std::make_shared<CallbackRule>(std::move(fn)));
 }
 
 Policy Policy::from_fn(BoolFn fn) {
@@ -85,48 +178,16 @@ Policy Policy::from_fn(BoolFn fn) {
   }));
 }
 
-bool Policy::decides_about(const c10::OperatorHandle& op) const {
-  if (impl_->fn) {
-    return policy::is_cacheable(op);
-  }
-  return std::find(impl_->ops.begin(), impl_->ops.end(), op) != impl_->ops.end();
-}
-
-CheckpointPolicy Policy::decide(const SelectiveCheckpointContext& ctx,
-                                const c10::OperatorHandle& op,
-                                c10::ArrayRef<c10::IValue> args) const {
-  if (impl_->fn) {
-    return impl_->fn(ctx, op, args);
-  }
-  for (const auto& saved : impl_->ops) {
-    if (saved == op) {
-      return CheckpointPolicy::MustSave;
-    }
-  }
-  return CheckpointPolicy::PreferRecompute;
+bool Policy::decides_about_cacheable(const c10::OperatorHandle& op) {
+  return policy::is_cacheable(op);
 }
 
 void Policy::prepare_interception() const {
-  if (impl_->fn) {
+  if (domain_->every_cacheable_op) {
     dispatch::intercept_ops_matching(&policy::is_cacheable);
   } else {
-    dispatch::intercept_ops(impl_->ops);
+    dispatch::intercept_ops(domain_->ops);
   }
-}
-
-const std::vector<c10::OperatorHandle>& Policy::saved_ops() const {
-  return impl_->ops;
-}
-
-std::string Policy::describe() const {
-  if (impl_->fn) {
-    return "callback";
-  }
-  std::string out = "save_ops(";
-  for (size_t i = 0; i < impl_->names.size(); ++i) {
-    out += (i == 0 ? "" : ", ") + impl_->names[i];
-  }
-  return out + ")";
 }
 
 }  // namespace sac

@@ -1,4 +1,10 @@
-// A selective checkpointing policy: which op calls to save, which to recompute.
+// A selective checkpointing policy: for each op call in a region, whether to
+// save its outputs, recompute them or offload them.
+//
+// Policies come from the factories below, from the presets
+// (sac/policy/presets.h) and from combinators of other policies
+// (sac/policy/combinators.h). All of them are `Policy` values, usable
+// wherever a policy is: CheckpointOptions::policy, the wrappers and scopes.
 #pragma once
 
 #include <sac/policy/checkpoint_policy.h>
@@ -13,10 +19,21 @@
 
 namespace sac {
 
-// A policy is asked about every cacheable op call (see
-// sac/policy/op_traits.h) in a region run under a caching mode. It is cheap to
-// copy: copies share one immutable description (and one callback object: a
-// stateful callback keeps its state across copies).
+// The op calls a policy is asked about: every cacheable op
+// (sac/policy/op_traits.h), or a list of them.
+struct OpDomain {
+  bool every_cacheable_op = false;
+  std::vector<c10::OperatorHandle> ops;  // without every_cacheable_op
+
+  bool contains(const c10::OperatorHandle& op) const;
+  // Both domains' ops.
+  OpDomain united_with(const OpDomain& other) const;
+};
+
+// A policy is asked about every call of an op in its domain, in a region run
+// under a caching mode, once, after the op ran. It is cheap to copy: copies
+// share one immutable rule (and one callback object: a stateful callback
+// keeps its state across copies).
 class Policy {
  public:
   using Fn = std::function<CheckpointPolicy(const SelectiveCheckpointContext&,
@@ -26,46 +43,77 @@ class Policy {
                                     const c10::OperatorHandle& op,
                                     c10::ArrayRef<c10::IValue> args)>;
 
+  // What a policy is made of: the answer for one call. Implement it for a
+  // kind of policy the factories, presets and combinators do not make.
+  class Rule {
+   public:
+    virtual ~Rule() = default;
+    // The answer for one call of `op`, which the rule's domain contains
+    // (a combinator may also ask about ops of its other policies' domains:
+    // answer PreferRecompute for those).
+    virtual CheckpointPolicy decide(const SelectiveCheckpointContext& ctx,
+                                    const c10::OperatorHandle& op,
+                                    c10::ArrayRef<c10::IValue> args) const = 0;
+    virtual OpDomain domain() const = 0;
+    // How the policy reads in messages: "save_ops(aten::mm)".
+    virtual std::string describe() const = 0;
+  };
+
+  explicit Policy(std::shared_ptr<const Rule> rule);
+
   // Saves (MustSave) the outputs of the listed ops and recomputes
   // (PreferRecompute) everything else. Names are resolved now, strictly (see
   // sac/policy/op_names.h): an unknown name, an ambiguous one, or one that
   // sac can never cache (a view, an in-place op, a composite op that never
   // reaches below autograd, an op PyTorch ignores) throws a c10::Error that
   // says why and what to write instead. An empty list is an error too: it
-  // would be full recomputation in disguise.
+  // would be full recomputation in disguise (say nothing_saveable() if that
+  // is meant).
   static Policy save_ops(const std::vector<std::string>& op_names);
 
-  // Asks `fn` for each cacheable op call. `args` are the op's boxed
-  // arguments; the call has not run yet.
+  // Answers `answer` for the listed ops (resolved as for save_ops) and
+  // PreferRecompute for everything else.
+  static Policy answer_ops(const std::vector<std::string>& op_names,
+                           CheckpointPolicy answer);
+  // The same for operators found already (no checks), described as
+  // `description` in messages.
+  static Policy answer_ops(std::vector<c10::OperatorHandle> ops, CheckpointPolicy answer,
+                           std::string description);
+
+  // Asks `fn` about each call of every cacheable op, after the call ran:
+  // `args` are its arguments, `ctx.op_output` its outputs.
   static Policy from_fn(Fn fn);
   // As above; true means MustSave and false PreferRecompute.
   static Policy from_fn(BoolFn fn);
 
-  // Whether this policy is asked about `op` at all: the listed ops for
-  // save_ops, every cacheable op (sac/policy/op_traits.h) for a callback.
-  // Both passes of a region consult it, so they record and replay the same
-  // calls whatever else sac intercepts.
-  bool decides_about(const c10::OperatorHandle& op) const;
+  // Whether this policy is asked about `op` at all. Both passes of a region
+  // consult it, so they record and replay the same calls whatever else sac
+  // intercepts.
+  bool decides_about(const c10::OperatorHandle& op) const {
+    return domain_->every_cacheable_op ? decides_about_cacheable(op)
+                                       : domain_->contains(op);
+  }
 
-  // The decision for one op call. `decides_about(op)` must hold.
+  // The answer for one call. `decides_about(op)` must hold.
   CheckpointPolicy decide(const SelectiveCheckpointContext& ctx,
                           const c10::OperatorHandle& op,
-                          c10::ArrayRef<c10::IValue> args) const;
+                          c10::ArrayRef<c10::IValue> args) const {
+    return rule_->decide(ctx, op, args);
+  }
 
-  // Asks the dispatch layer to intercept every op this policy may save: the
-  // listed ops for save_ops, every cacheable op for a callback.
+  const OpDomain& domain() const { return *domain_; }
+  const Rule& rule() const { return *rule_; }
+
+  // Asks the dispatch layer to intercept every op in the domain.
   void prepare_interception() const;
 
-  // For save_ops: the resolved operators. Empty for callbacks.
-  const std::vector<c10::OperatorHandle>& saved_ops() const;
-
-  // "save_ops(aten::mm, aten::addmm)" or "callback".
-  std::string describe() const;
+  std::string describe() const { return rule_->describe(); }
 
  private:
-  struct Impl;
-  explicit Policy(std::shared_ptr<const Impl> impl);
-  std::shared_ptr<const Impl> impl_;
+  static bool decides_about_cacheable(const c10::OperatorHandle& op);
+
+  std::shared_ptr<const Rule> rule_;
+  std::shared_ptr<const OpDomain> domain_;
 };
 
 }  // namespace sac

@@ -1,6 +1,7 @@
 // The policy layer (op names, Policy) and the decisions of the selective
-// modes: replay of the forward's decisions, AskPolicy, the cache served to a
-// recomputation, in-place changes to cached values, and random ops.
+// modes: the policy asked once after each call with its outputs, replay of
+// the forward's decisions, the cache served to a recomputation, in-place
+// changes to cached values, and random ops.
 #include "support.h"
 
 #include <sac/policy/op_names.h>
@@ -110,8 +111,8 @@ TEST_F(PolicyTest, CustomNamespaceOpResolves) {
   EXPECT_EQ(with_default[0], ops[0]);
   // It is an ordinary functional op: save_ops accepts it.
   const auto policy = sac::Policy::save_ops({"sac_test_ns::twice"});
-  ASSERT_EQ(policy.saved_ops().size(), 1u);
-  EXPECT_EQ(policy.saved_ops()[0], ops[0]);
+  ASSERT_EQ(policy.domain().ops.size(), 1u);
+  EXPECT_EQ(policy.domain().ops[0], ops[0]);
 }
 
 // ---- save_ops validation -------------------------------------------------------
@@ -171,7 +172,7 @@ TEST_F(PolicyTest, SaveOpsPropagatesNameErrors) {
 
 TEST_F(PolicyTest, SaveOpsStarKeepsOnlyCacheableOverloads) {
   const auto policy = sac::Policy::save_ops({"aten::add.*"});
-  const auto& ops = policy.saved_ops();
+  const auto& ops = policy.domain().ops;
   EXPECT_TRUE(has_op(ops, op_of("aten::add", "Tensor")));
   EXPECT_TRUE(has_op(ops, op_of("aten::add", "Scalar")));
   EXPECT_FALSE(has_op(ops, op_of("aten::add", "out")));
@@ -188,9 +189,9 @@ TEST_F(PolicyTest, SaveOpsStarWithNothingCacheableIsRejected) {
 
 TEST_F(PolicyTest, SaveOpsDeduplicatesAndDescribesItself) {
   const auto policy = sac::Policy::save_ops({"aten::mm", "aten::mm.default", "aten::addmm"});
-  ASSERT_EQ(policy.saved_ops().size(), 2u);
-  EXPECT_EQ(policy.saved_ops()[0], op_of("aten::mm"));
-  EXPECT_EQ(policy.saved_ops()[1], op_of("aten::addmm"));
+  ASSERT_EQ(policy.domain().ops.size(), 2u);
+  EXPECT_EQ(policy.domain().ops[0], op_of("aten::mm"));
+  EXPECT_EQ(policy.domain().ops[1], op_of("aten::addmm"));
   EXPECT_EQ(policy.describe(), "save_ops(aten::mm, aten::mm.default, aten::addmm)");
 }
 
@@ -220,7 +221,7 @@ TEST_F(PolicyTest, BoolCallbackMapsTrueToMustSaveAndFalseToPreferRecompute) {
   answer = false;
   EXPECT_EQ(policy.decide({}, mm, {}), sac::CheckpointPolicy::PreferRecompute);
   EXPECT_EQ(policy.describe(), "callback");
-  EXPECT_TRUE(policy.saved_ops().empty());
+  EXPECT_TRUE(policy.domain().every_cacheable_op);
 }
 
 TEST_F(PolicyTest, CallbackSeesContextOpAndArgs) {
@@ -236,9 +237,12 @@ TEST_F(PolicyTest, CallbackSeesContextOpAndArgs) {
         return sac::CheckpointPolicy::PreferSave;
       });
   const std::vector<c10::IValue> args{at::ones({2, 2}), at::ones({2, 2})};
-  EXPECT_EQ(policy.decide({/*is_recompute=*/true}, op_of("aten::mm"), args),
+  const std::vector<c10::IValue> outputs{at::ones({2, 2})};
+  EXPECT_EQ(policy.decide({false, outputs, 3}, op_of("aten::mm"), args),
             sac::CheckpointPolicy::PreferSave);
-  EXPECT_TRUE(seen_ctx.is_recompute);
+  EXPECT_FALSE(seen_ctx.is_recompute);
+  EXPECT_EQ(seen_ctx.call, 3u);
+  EXPECT_EQ(seen_ctx.op_output.size(), 1u);
   EXPECT_EQ(seen_op, "aten::mm");
   EXPECT_EQ(seen_args, 2u);
 }
@@ -261,37 +265,18 @@ at::Tensor mm_chain(const at::Tensor& x, const at::Tensor& w, int n) {
 struct Asked {
   int calls = 0;               // all calls
   int mm_calls = 0;            // calls about aten::mm
-  int during_recompute = 0;    // calls with ctx.is_recompute
 };
 
 // Saves every other aten::mm call; its count is shared by all passes.
 sac::Policy every_other_mm(const std::shared_ptr<Asked>& asked) {
-  return sac::Policy::from_fn([asked](const sac::SelectiveCheckpointContext& ctx,
+  return sac::Policy::from_fn([asked](const sac::SelectiveCheckpointContext&,
                                       const c10::OperatorHandle& op,
                                       c10::ArrayRef<c10::IValue>) {
     ++asked->calls;
-    if (ctx.is_recompute) {
-      ++asked->during_recompute;
-    }
     if (op.operator_name().name != "aten::mm") {
       return false;
     }
     return asked->mm_calls++ % 2 == 0;
-  });
-}
-
-// Saves every aten::mm call, whatever it was asked before.
-sac::Policy all_mm(const std::shared_ptr<Asked>& asked) {
-  return sac::Policy::from_fn([asked](const sac::SelectiveCheckpointContext& ctx,
-                                      const c10::OperatorHandle& op,
-                                      c10::ArrayRef<c10::IValue>) {
-    ++asked->calls;
-    if (ctx.is_recompute) {
-      ++asked->during_recompute;
-    }
-    const bool mm = op.operator_name().name == "aten::mm";
-    asked->mm_calls += mm ? 1 : 0;
-    return mm;
   });
 }
 
@@ -329,50 +314,54 @@ TEST_F(PolicyTest, StatefulPolicyIsAskedOnlyInForwardAndGradientsMatch) {
   // The recomputation replays the forward's decisions without asking.
   EXPECT_EQ(asked->mm_calls, kMatmuls);
   EXPECT_EQ(asked->calls, after_forward.calls);
-  EXPECT_EQ(asked->during_recompute, 0);
 }
 
-TEST_F(PolicyTest, AskPolicyAsksAgainWithIsRecompute) {
-  constexpr int kMatmuls = 4;
-  const auto in = chain_inputs();
-  const auto expected =
-      run_and_grad([&] { return mm_chain(in.x, in.w, kMatmuls); }, {in.x}, {in.w});
-
-  auto asked = std::make_shared<Asked>();
-  const auto options = sac::CheckpointOptions().policy(all_mm(asked)).recompute_decisions(
-      sac::RecomputeDecisions::AskPolicy);
-  Asked after_forward;
-  const auto actual = run_and_grad(
-      [&] {
-        auto y = sac::checkpoint(
-            options, [&](const at::Tensor& x) { return mm_chain(x, in.w, kMatmuls); }, in.x);
-        after_forward = *asked;
-        return y;
-      },
-      {in.x}, {in.w});
-  expect_bit_identical(expected, actual);
-
-  EXPECT_EQ(after_forward.mm_calls, kMatmuls);
-  EXPECT_EQ(after_forward.during_recompute, 0);
-  EXPECT_GT(asked->during_recompute, 0);
-  EXPECT_GT(asked->mm_calls, kMatmuls);
-}
-
-TEST_F(PolicyTest, AskPolicyWithDivergingStatefulPolicyThrowsAndSuggestsReplay) {
-  // An odd number of matmuls: the shared count makes the recomputation's
-  // first answer differ from the forward's.
+// PyTorch 2.13 asks after the op ran, with ctx.op_output: each callback call
+// sees the very tensors the op returned, and the call's index.
+TEST_F(PolicyTest, CallbackSeesTheOpOutputAndCallIndexOnceInForward) {
   constexpr int kMatmuls = 3;
   const auto in = chain_inputs();
-  auto asked = std::make_shared<Asked>();
-  const auto options = sac::CheckpointOptions().policy(every_other_mm(asked)).recompute_decisions(
-      sac::RecomputeDecisions::AskPolicy);
-  auto y = sac::checkpoint(
-      options, [&](const at::Tensor& x) { return mm_chain(x, in.w, kMatmuls); }, in.x);
-  const auto msg = error_of([&] { torch::autograd::grad({y.sum()}, {in.x, in.w}); });
-  EXPECT_TRUE(contains(msg, "decided save for call 0 of aten::mm")) << msg;
-  EXPECT_TRUE(contains(msg, "PreferRecompute")) << msg;
-  EXPECT_TRUE(contains(msg, "ReplayForward")) << msg;
-  EXPECT_GT(asked->during_recompute, 0);
+  struct Seen {
+    std::vector<at::Tensor> outputs;  // of each aten::mm call
+    std::vector<size_t> calls;        // their indices
+  };
+  auto seen = std::make_shared<Seen>();
+  const auto policy = sac::Policy::from_fn(
+      [seen](const sac::SelectiveCheckpointContext& ctx, const c10::OperatorHandle& op,
+             c10::ArrayRef<c10::IValue> args) {
+        if (op.operator_name().name != "aten::mm") {
+          return sac::CheckpointPolicy::PreferRecompute;
+        }
+        EXPECT_EQ(args.size(), 2u);
+        EXPECT_EQ(ctx.op_output.size(), 1u);
+        seen->outputs.push_back(ctx.op_output[0].toTensor());
+        seen->calls.push_back(ctx.call);
+        return sac::CheckpointPolicy::MustSave;
+      });
+  std::vector<at::Tensor> returned;  // what each mm returned to the caller
+  auto y = sac::checkpoint(sac::CheckpointOptions().policy(policy),
+                           [&](const at::Tensor& x) {
+                             at::Tensor h = x;
+                             for (int i = 0; i < kMatmuls; ++i) {
+                               h = h.mm(in.w);
+                               returned.push_back(h);
+                               h = h.tanh();
+                             }
+                             return h;
+                           },
+                           in.x);
+  ASSERT_EQ(seen->outputs.size(), static_cast<size_t>(kMatmuls));
+  for (int i = 0; i < kMatmuls; ++i) {
+    EXPECT_EQ(seen->calls[i], static_cast<size_t>(i));
+    // Same memory and the same values: the op's own output (below autograd).
+    EXPECT_TRUE(seen->outputs[i].is_alias_of(returned[i]));
+    EXPECT_TRUE(torch::equal(seen->outputs[i], returned[i]));
+  }
+  const size_t returned_in_forward = returned.size();
+  torch::autograd::grad({y.sum()}, {in.x, in.w});
+  // Not asked during the recomputation, which ran the function again.
+  EXPECT_EQ(seen->outputs.size(), static_cast<size_t>(kMatmuls));
+  EXPECT_GT(returned.size(), returned_in_forward);
 }
 
 // ---- The modes on their own ----------------------------------------------------

@@ -393,37 +393,6 @@ TEST(Region, TrainingIterations) {
   expect_bit_identical(plain->parameters(), checkpointed->parameters());
 }
 
-// The replay stops once the last holder is filled: ops after the last
-// saved tensor are not replayed (the policy, asked again, counts them).
-TEST(Region, EarlyStopEndsTheReplayAtTheLastSavedTensor) {
-  REQUIRE_REGION();
-  auto x = torch::randn({8}, torch::requires_grad());
-  auto replayed_calls = [&](bool early_stop) {
-    auto asked_in_recompute = std::make_shared<int>(0);
-    auto policy = sac::Policy::from_fn(
-        [asked_in_recompute](const sac::SelectiveCheckpointContext& ctx,
-                             const c10::OperatorHandle&, c10::ArrayRef<c10::IValue>) {
-          *asked_in_recompute += ctx.is_recompute;
-          return sac::CheckpointPolicy::PreferRecompute;
-        });
-    auto y = in_region(sac::CheckpointOptions()
-                           .policy(policy)
-                           .recompute_decisions(sac::RecomputeDecisions::AskPolicy)
-                           .early_stop(early_stop),
-                       [&] {
-                         // sin saves x, exp its output; the last three
-                         // ops save nothing.
-                         auto h = x.sin().exp();
-                         return ((h * 2) + 1).neg();
-                       });
-    y.sum().backward();
-    return *asked_in_recompute;
-  };
-  // exp saves its output: the replay stops right after it.
-  EXPECT_EQ(replayed_calls(/*early_stop=*/true), 2);
-  EXPECT_EQ(replayed_calls(/*early_stop=*/false), 5);
-}
-
 // Regions on several threads at once: each thread records and replays its
 // own, and backward may run on another thread than the forward.
 TEST(Region, Threads) {

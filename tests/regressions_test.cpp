@@ -234,10 +234,10 @@ TEST_F(Regressions, EarlyStopSurvivesUserCodeCatchingStdException) {
 
 // 5. is in late_registration_test.cpp: it needs a process of its own.
 
-// 6. With RecomputeDecisions::AskPolicy, a saved output modified in place in
-// the forward is demoted to recompute; the recomputation then blamed the
-// policy ("decided recompute ... but MustSave when asked again").
-TEST_F(Regressions, AskPolicyAfterADemotedCallIsNotThePolicysFault) {
+// 6. A saved output modified in place in the forward is demoted to
+// recompute (with RecomputeDecisions::AskPolicy, since removed, the
+// recomputation then blamed the policy).
+TEST_F(Regressions, ADemotedCallIsRecomputedWithTheModification) {
   torch::manual_seed(0);
   auto a = torch::randn({4, 4}, torch::requires_grad());
   auto b = torch::randn({4, 4}, torch::requires_grad());
@@ -249,9 +249,7 @@ TEST_F(Regressions, AskPolicyAfterADemotedCallIsNotThePolicysFault) {
   const auto expected = run_and_grad([&] { return f(a, b); }, {a, b}, {});
   const auto actual = run_and_grad(
       [&] {
-        return sac::checkpoint(saving({"aten::mm"}).recompute_decisions(
-                                   sac::RecomputeDecisions::AskPolicy),
-                               f, a, b);
+        return sac::checkpoint(saving({"aten::mm"}), f, a, b);
       },
       {a, b}, {});
   expect_bit_identical(expected, actual);

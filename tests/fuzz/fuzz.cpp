@@ -68,6 +68,19 @@ extern char** environ;
 
 namespace {
 
+// Where the fuzzer's offload answers go: copies in memory of their own, as a
+// host would hold them (a CPU tensor has nowhere else to go).
+class HostCopies final : public sac::CopyTarget {
+ public:
+  bool accepts(const at::Tensor&) const override { return true; }
+  at::Tensor copy_out(const at::Tensor& t) override {
+    return at::empty_strided(t.sizes(), t.strides(), t.options()).copy_(t);
+  }
+  at::Tensor copy_back(const at::Tensor& copy, c10::Device device) override {
+    return at::empty_strided(copy.sizes(), copy.strides(), copy.options().device(device)).copy_(copy);
+  }
+};
+
 // ---- Expected limits ---------------------------------------------------------
 //
 // A checkpointed run that stops with a c10::Error whose message contains one
@@ -349,7 +362,7 @@ struct Region {
   int parent = -1;
   PolicySpec policy;
   bool via_context_fn = false;
-  bool ask_policy = false;
+  bool offload = false;  // saved answers offloaded to a host copy target
   bool early_stop = true;
   bool no_determinism_check = false;
   bool debug = false;
@@ -461,7 +474,7 @@ std::string Program::describe(const Region& r, int index) const {
   o << "region r" << index << " [s" << r.begin << ",s" << r.end << ") policy=" << policy_str(r.policy);
   if (r.policy.kind != PolicySpec::None) {
     o << (r.via_context_fn ? " via=context_fn" : " via=.policy()")
-      << (r.ask_policy ? " recompute_decisions=AskPolicy" : "");
+      << (r.offload ? " offload_if" : "");
   }
   o << (r.early_stop ? "" : " early_stop=false") << (r.no_determinism_check ? " determinism_check=None" : "")
     << (r.debug ? " debug" : "") << " args=" << styles[r.arg_style]
@@ -592,7 +605,7 @@ std::string features(const Program& p) {
   for (const auto& r : p.regions) {
     if (r.parent >= 0) f.insert("nested");
     if (!r.early_stop) f.insert("early_stop=false");
-    if (r.ask_policy) f.insert("ask-policy");
+    if (r.offload) f.insert("offload");
     if (r.via_context_fn) f.insert("context_fn");
     if (r.policy.kind == PolicySpec::EveryOther) f.insert("stateful-policy");
     if (r.policy.kind == PolicySpec::None) f.insert("full-recompute");
@@ -1257,7 +1270,7 @@ class Generator {
     r.policy = policy_for_region();
     if (r.policy.kind != PolicySpec::None) {
       r.via_context_fn = coin(0.25);
-      r.ask_policy = r.policy.stateless() && coin(0.3);
+      r.offload = coin(0.3);
     }
     r.early_stop = !coin(0.25);
     r.no_determinism_check = coin(0.1);
@@ -1548,15 +1561,18 @@ class Runner {
     sac::CheckpointOptions o;
     if (R.policy.kind != PolicySpec::None) {
       sac::Policy policy = policy_for(R.policy);
-      const auto decisions =
-          R.ask_policy ? sac::RecomputeDecisions::AskPolicy : sac::RecomputeDecisions::ReplayForward;
+      std::shared_ptr<sac::CopyTarget> target;
+      if (R.offload) {
+        policy = sac::offload_if(policy, int64_t{0});
+        target = std::make_shared<HostCopies>();
+      }
       if (R.via_context_fn) {
-        o.context_fn([policy, decisions] {
-          return sac::RegionContexts(sac::create_selective_checkpoint_contexts(policy, false, decisions));
+        o.context_fn([policy, target] {
+          return sac::RegionContexts(sac::create_selective_checkpoint_contexts(policy, false, target));
         });
       } else {
         o.policy(policy);
-        if (R.ask_policy) o.recompute_decisions(decisions);
+        if (target != nullptr) o.offload_to(target);
       }
     }
     o.early_stop(R.early_stop);
