@@ -135,7 +135,6 @@ void OpCache::append_saved(const c10::OperatorHandle& op,
                            std::shared_ptr<CopyTarget> offload_to) {
   Call call;
   call.state = Call::State::Saved;
-  call.policy_saved = true;
   // The structure stays in `outputs`, with each tensor replaced by a
   // placeholder; the defined tensors go to the slots.
   call.outputs.reserve(outputs.size());
@@ -310,16 +309,11 @@ const OpCache::Call* OpCache::find(const c10::OperatorHandle& op,
               " times in the checkpointed forward. ", kMismatchHint);
 }
 
-OpCache::Record OpCache::record(const c10::OperatorHandle& op,
-                                size_t call) const {
+bool OpCache::cached(const c10::OperatorHandle& op, size_t call) const {
   const Call* found = find(op, call);
-  if (found == nullptr) {
-    return {/*policy_saved=*/false, /*cached=*/false, /*recorded=*/false};
-  }
-  const bool cached = found->state != Call::State::Recompute &&
-                      // Modified already: end_recording will demote it.
-                      !(recording_ && first_modified(*found).has_value());
-  return {found->policy_saved, cached, /*recorded=*/true};
+  return found != nullptr && found->state != Call::State::Recompute &&
+         // Modified already: end_recording will demote it.
+         !(recording_ && first_modified(*found).has_value());
 }
 
 OpCache::Served OpCache::take(const c10::OperatorHandle& op, size_t index,

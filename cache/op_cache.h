@@ -91,21 +91,11 @@ class OpCache {
 
   // ---- Recomputation ------------------------------------------------------
 
-  // What the forward did with one call.
-  struct Record {
-    // The policy's answer in forward was save. Still true for a call whose
-    // outputs were demoted (see end_recording): the policy is not to blame.
-    bool policy_saved = false;
-    // Its outputs are (or were, until taken) in the cache; otherwise the
-    // recomputation runs the op.
-    bool cached = false;
-    // False for a call past the end of a forward still recording.
-    bool recorded = true;
-  };
-
-  // The record of call `call` of `op`. Throws if the forward made no such
+  // Whether the outputs of call `call` of `op` are (or were, until taken) in
+  // the cache; otherwise the recomputation runs the op. False for a call past
+  // the end of a forward still recording. Throws if the forward made no such
   // call (and is not recording any more).
-  Record record(const c10::OperatorHandle& op, size_t call) const;
+  bool cached(const c10::OperatorHandle& op, size_t call) const;
 
   // Starts copying every offloaded output back to its device, so that the
   // copies overlap with the work queued before the recomputation reaches
@@ -159,7 +149,6 @@ class OpCache {
   struct Call {
     enum class State : uint8_t { Recompute, Saved, Served };
     State state = State::Recompute;
-    bool policy_saved = false;
     // The op's outputs with their structure, each tensor replaced by an
     // undefined placeholder; per placeholder, whether it stands for a
     // defined tensor, which is then in the next slot.

@@ -147,7 +147,7 @@ void CachedMode::intercept(const c10::OperatorHandle& op,
     return;
   }
   const size_t call = next_call_[op]++;
-  if (!cache_->record(op, call).cached) {
+  if (!cache_->cached(op, call)) {
     dispatch::run_op(op, below, stack);
     return;
   }

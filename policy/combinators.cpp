@@ -43,13 +43,6 @@ OpDomain united(const std::vector<Policy>& policies) {
   return domain;
 }
 
-// A policy's answer, PreferRecompute where it is not asked.
-CheckpointPolicy answer_of(const Policy& policy, const SelectiveCheckpointContext& ctx,
-                           const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
-  return policy.decides_about(op) ? policy.decide(ctx, op, args)
-                                  : CheckpointPolicy::PreferRecompute;
-}
-
 class CombinedRule final : public Policy::Rule {
  public:
   CombinedRule(const char* name, std::vector<Policy> policies, Prefer prefer)
@@ -58,9 +51,9 @@ class CombinedRule final : public Policy::Rule {
   }
   CheckpointPolicy decide(const SelectiveCheckpointContext& ctx, const c10::OperatorHandle& op,
                           c10::ArrayRef<c10::IValue> args) const override {
-    CheckpointPolicy best = answer_of(policies_[0], ctx, op, args);
+    CheckpointPolicy best = policies_[0].decide(ctx, op, args);
     for (size_t i = 1; i < policies_.size(); ++i) {
-      const CheckpointPolicy answer = answer_of(policies_[i], ctx, op, args);
+      const CheckpointPolicy answer = policies_[i].decide(ctx, op, args);
       if (beats(answer, best, prefer_)) {
         best = answer;
       }
@@ -82,8 +75,8 @@ class ExceptRule final : public Policy::Rule {
       : policy_(std::move(policy)), excluded_(std::move(excluded)) {}
   CheckpointPolicy decide(const SelectiveCheckpointContext& ctx, const c10::OperatorHandle& op,
                           c10::ArrayRef<c10::IValue> args) const override {
-    const CheckpointPolicy answer = answer_of(policy_, ctx, op, args);
-    const CheckpointPolicy exclusion = answer_of(excluded_, ctx, op, args);
+    const CheckpointPolicy answer = policy_.decide(ctx, op, args);
+    const CheckpointPolicy exclusion = excluded_.decide(ctx, op, args);
     if (!is_kept(exclusion)) {
       return answer;
     }
@@ -132,7 +125,7 @@ class OutputTestRule final : public Policy::Rule {
         change_(change) {}
   CheckpointPolicy decide(const SelectiveCheckpointContext& ctx, const c10::OperatorHandle& op,
                           c10::ArrayRef<c10::IValue> args) const override {
-    const CheckpointPolicy answer = answer_of(policy_, ctx, op, args);
+    const CheckpointPolicy answer = policy_.decide(ctx, op, args);
     return change_(answer, test_(ctx.op_output));
   }
   OpDomain domain() const override { return policy_.domain(); }

@@ -178,10 +178,6 @@ Policy Policy::from_fn(BoolFn fn) {
   }));
 }
 
-bool Policy::decides_about_cacheable(const c10::OperatorHandle& op) {
-  return policy::is_cacheable(op);
-}
-
 void Policy::prepare_interception() const {
   if (domain_->every_cacheable_op) {
     dispatch::intercept_ops_matching(&policy::is_cacheable);

@@ -48,9 +48,9 @@ class Policy {
   class Rule {
    public:
     virtual ~Rule() = default;
-    // The answer for one call of `op`, which the rule's domain contains
-    // (a combinator may also ask about ops of its other policies' domains:
-    // answer PreferRecompute for those).
+    // The answer for one call of `op`. A combinator asks each of its rules
+    // about every op of the combined domain: a rule answers PreferRecompute
+    // for ops outside its own domain.
     virtual CheckpointPolicy decide(const SelectiveCheckpointContext& ctx,
                                     const c10::OperatorHandle& op,
                                     c10::ArrayRef<c10::IValue> args) const = 0;
@@ -89,10 +89,7 @@ class Policy {
   // Whether this policy is asked about `op` at all. Both passes of a region
   // consult it, so they record and replay the same calls whatever else sac
   // intercepts.
-  bool decides_about(const c10::OperatorHandle& op) const {
-    return domain_->every_cacheable_op ? decides_about_cacheable(op)
-                                       : domain_->contains(op);
-  }
+  bool decides_about(const c10::OperatorHandle& op) const { return domain_->contains(op); }
 
   // The answer for one call. `decides_about(op)` must hold.
   CheckpointPolicy decide(const SelectiveCheckpointContext& ctx,
@@ -110,8 +107,6 @@ class Policy {
   std::string describe() const { return rule_->describe(); }
 
  private:
-  static bool decides_about_cacheable(const c10::OperatorHandle& op);
-
   std::shared_ptr<const Rule> rule_;
   std::shared_ptr<const OpDomain> domain_;
 };
