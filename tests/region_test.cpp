@@ -393,6 +393,36 @@ TEST(Region, TrainingIterations) {
   expect_bit_identical(plain->parameters(), checkpointed->parameters());
 }
 
+// The replay stops once the last holder is filled: ops after the last
+// saved tensor are not replayed. Every op's output is cached, and the graph
+// is retained, so the calls the replay did not serve are still in the cache.
+TEST(Region, EarlyStopEndsTheReplayAtTheLastSavedTensor) {
+  REQUIRE_REGION();
+  auto x = torch::randn({8}, torch::requires_grad());
+  auto replayed_calls = [&](bool early_stop) {
+    std::shared_ptr<sac::OpCache> cache;
+    auto options = sac::CheckpointOptions()
+                       .context_fn([&cache] {
+                         auto contexts =
+                             sac::create_selective_checkpoint_contexts(sac::everything_saveable());
+                         cache = contexts.cache;
+                         return sac::RegionContexts(contexts);
+                       })
+                       .early_stop(early_stop);
+    auto y = in_region(options, [&] {
+      // sin saves x, exp its output; the last three ops save nothing.
+      auto h = x.sin().exp();
+      return ((h * 2) + 1).neg();
+    });
+    EXPECT_EQ(cache->saved_calls(), 5u);
+    y.sum().backward({}, /*retain_graph=*/true);
+    return 5 - static_cast<int>(cache->saved_calls());
+  };
+  // exp saves its output: the replay stops right after it.
+  EXPECT_EQ(replayed_calls(/*early_stop=*/true), 2);
+  EXPECT_EQ(replayed_calls(/*early_stop=*/false), 5);
+}
+
 // Regions on several threads at once: each thread records and replays its
 // own, and backward may run on another thread than the forward.
 TEST(Region, Threads) {
