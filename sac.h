@@ -38,6 +38,8 @@
 #include <sac/offload/offload.h>
 #include <sac/policy/checkpoint_policy.h>
 #include <sac/policy/combinators.h>
+#include <sac/policy/names.h>
 #include <sac/policy/policy.h>
 #include <sac/policy/presets.h>
+#include <sac/policy/tag.h>
 #include <sac/region/copy_target.h>

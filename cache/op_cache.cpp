@@ -53,10 +53,78 @@ c10::IValue map_tensors(const c10::IValue& value, F&& f) {
   return value;
 }
 
+// The key of `t`'s storage in the cache's maps; null without storage.
+const c10::StorageImpl* slot_storage(const at::Tensor& t) {
+  return t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
+}
+
+// The defined tensors among `outputs`, in slot order.
+std::vector<at::Tensor> tensors_of(c10::ArrayRef<c10::IValue> outputs) {
+  std::vector<at::Tensor> tensors;
+  for (const auto& output : outputs) {
+    for_each_tensor(output, [&](const at::Tensor& t) { tensors.push_back(t); });
+  }
+  return tensors;
+}
+
 }  // namespace
 
-void OpCache::append_recompute(const c10::OperatorHandle& op) {
-  calls_[op].emplace_back();
+OpCache::Call OpCache::shape_of(c10::ArrayRef<c10::IValue> outputs) {
+  // The structure stays in `outputs`, with each tensor replaced by a
+  // placeholder; the defined tensors get the slots.
+  Call call;
+  call.outputs.reserve(outputs.size());
+  for (const auto& output : outputs) {
+    call.outputs.push_back(map_tensors(output, [&](const at::Tensor& t) {
+      call.defined.push_back(t.defined());
+      if (t.defined()) {
+        call.slots.emplace_back(t);
+      }
+      return at::Tensor();
+    }));
+  }
+  return call;
+}
+
+void OpCache::note_producer(const c10::OperatorHandle& op, size_t index,
+                            c10::ArrayRef<at::Tensor> tensors) {
+  for (const at::Tensor& t : tensors) {
+    if (!t.has_storage()) {
+      continue;
+    }
+    c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+    producers_.insert_or_assign(
+        storage, ProducerInfo{op, index,
+                              c10::weak_intrusive_ptr<c10::StorageImpl>(
+                                  c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage)),
+                              {}});
+  }
+}
+
+void OpCache::append_recompute(const c10::OperatorHandle& op,
+                               c10::ArrayRef<c10::IValue> outputs,
+                               std::optional<GeneratorSnapshot> generator) {
+  auto& calls = calls_[op];
+  if (!track_producers_) {
+    calls.emplace_back();
+    return;
+  }
+  Call call = shape_of(outputs);
+  const std::vector<at::Tensor> tensors = tensors_of(outputs);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    call.slots[i].returned.emplace(tensors[i].getIntrusivePtr());
+  }
+  call.generator = std::move(generator);
+  note_producer(op, calls.size(), tensors);
+  calls.push_back(std::move(call));
+  // Autograd keeps nothing in a checkpointed forward: an output that only
+  // autograd wanted (native_layer_norm's mean) dies as soon as the op
+  // returns. Holding the latest call's outputs lets tags right after the
+  // call keep all of them; the next call with tensor outputs replaces them
+  // (a tag's own record has none).
+  if (!tensors.empty()) {
+    latest_outputs_ = tensors;
+  }
 }
 
 size_t OpCache::recorded_calls(const c10::OperatorHandle& op) const {
@@ -129,24 +197,11 @@ void OpCache::offload(Slot& slot, CopyTarget& target) {
   unhold(slot);
 }
 
-void OpCache::append_saved(const c10::OperatorHandle& op,
-                           c10::ArrayRef<c10::IValue> outputs,
-                           std::optional<GeneratorSnapshot> generator,
-                           std::shared_ptr<CopyTarget> offload_to) {
-  Call call;
-  call.state = Call::State::Saved;
-  // The structure stays in `outputs`, with each tensor replaced by a
-  // placeholder; the defined tensors go to the slots.
-  call.outputs.reserve(outputs.size());
-  for (const auto& output : outputs) {
-    call.outputs.push_back(map_tensors(output, [&](const at::Tensor& t) {
-      call.defined.push_back(t.defined());
-      if (t.defined()) {
-        call.slots.emplace_back(t);
-        hold(call.slots.back(), t);
-      }
-      return at::Tensor();
-    }));
+void OpCache::keep(Call& call, const std::vector<at::Tensor>& tensors,
+                   std::shared_ptr<CopyTarget> offload_to) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    call.slots[i].returned.reset();
+    hold(call.slots[i], tensors[i]);
   }
   if (offload_to != nullptr) {
     for (auto& slot : call.slots) {
@@ -156,13 +211,28 @@ void OpCache::append_saved(const c10::OperatorHandle& op,
     }
     call.target = std::move(offload_to);
   }
-  call.generator = std::move(generator);
+  call.state = Call::State::Saved;
   ++saved_calls_;
-  calls_[op].push_back(std::move(call));
+}
+
+void OpCache::append_saved(const c10::OperatorHandle& op,
+                           c10::ArrayRef<c10::IValue> outputs,
+                           std::optional<GeneratorSnapshot> generator,
+                           std::shared_ptr<CopyTarget> offload_to) {
+  auto& calls = calls_[op];
+  Call call = shape_of(outputs);
+  const std::vector<at::Tensor> tensors = tensors_of(outputs);
+  keep(call, tensors, std::move(offload_to));
+  call.generator = std::move(generator);
+  if (track_producers_) {
+    note_producer(op, calls.size(), tensors);
+    latest_outputs_.clear();
+  }
+  calls.push_back(std::move(call));
 }
 
 void OpCache::watch_aliases(c10::ArrayRef<c10::IValue> values) {
-  if (storages_.empty()) {
+  if (storages_.empty() && producers_.empty()) {
     return;
   }
   for (const auto& value : values) {
@@ -170,11 +240,92 @@ void OpCache::watch_aliases(c10::ArrayRef<c10::IValue> values) {
       if (!t.has_storage()) {
         return;
       }
-      auto it = storages_.find(t.storage().unsafeGetStorageImpl());
-      if (it != storages_.end()) {
-        watch(it->second, t);
+      const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+      if (auto kept = storages_.find(storage); kept != storages_.end()) {
+        watch(kept->second, t);
+      } else if (auto produced = producers_.find(storage); produced != producers_.end()) {
+        produced->second.aliases.emplace_back(t);
       }
     });
+  }
+}
+
+std::optional<OpCache::Producer> OpCache::producer_of(const at::Tensor& t) const {
+  if (!t.has_storage()) {
+    return std::nullopt;
+  }
+  // The pin keeps a freed storage's address from naming another one.
+  const auto it = producers_.find(t.storage().unsafeGetStorageImpl());
+  if (it == producers_.end()) {
+    return std::nullopt;
+  }
+  const Call& call = calls_.at(it->second.op).at(it->second.call);
+  return Producer{it->second.op, it->second.call, call.state == Call::State::Saved};
+}
+
+std::optional<std::string> OpCache::keep_late(const Producer& producer,
+                                              std::shared_ptr<CopyTarget> offload_to) {
+  TORCH_INTERNAL_ASSERT(recording_ && track_producers_, "sac: keep_late() while not tracking");
+  Call& call = calls_.at(producer.op).at(producer.call);
+  TORCH_INTERNAL_ASSERT(call.state == Call::State::Recompute);
+  std::vector<at::Tensor> tensors;
+  for (size_t index = 0; index < call.slots.size(); ++index) {
+    Slot& slot = call.slots[index];
+    at::Tensor t(slot.returned->lock());
+    if (!t.defined()) {
+      return c10::str("its output ", index, " was freed already (sac holds the "
+                      "outputs of the latest call only: tag a value right after the "
+                      "op that returned it)");
+    }
+    if (slot.version.changed()) {
+      return c10::str("its output ", index, " was modified in place (",
+                      own_change(slot.version), ")");
+    }
+    if (const auto produced = producers_.find(slot_storage(t)); produced != producers_.end()) {
+      for (const auto& alias : produced->second.aliases) {
+        if (alias.changed()) {
+          return c10::str("its output ", index, " was modified in place ",
+                          kThroughAnotherTensor);
+        }
+      }
+    }
+    tensors.push_back(std::move(t));
+  }
+  keep(call, tensors, std::move(offload_to));
+  for (const Slot& slot : call.slots) {
+    if (const auto produced = producers_.find(slot.storage); produced != producers_.end()) {
+      auto& watches = storages_.at(slot.storage).watches;
+      auto& aliases = produced->second.aliases;
+      watches.insert(watches.end(), aliases.begin(), aliases.end());
+      aliases.clear();
+    }
+  }
+  return std::nullopt;
+}
+
+void OpCache::recompute_late(const Producer& producer) {
+  TORCH_INTERNAL_ASSERT(recording_ && track_producers_, "sac: recompute_late() while not tracking");
+  Call& call = calls_.at(producer.op).at(producer.call);
+  TORCH_INTERNAL_ASSERT(call.state == Call::State::Saved);
+  for (const Slot& slot : call.slots) {
+    if (slot.storage != nullptr) {
+      producers_.erase(slot.storage);
+    }
+  }
+  drop(call);
+  call.state = Call::State::Recompute;
+}
+
+void OpCache::stop_tracking() {
+  track_producers_ = false;
+  producers_.clear();
+  latest_outputs_.clear();
+  for (auto& [op, calls] : calls_) {
+    for (auto& call : calls) {
+      if (call.state == Call::State::Recompute) {
+        call = Call();
+      }
+    }
   }
 }
 
@@ -216,10 +367,16 @@ void OpCache::demote_modified() {
   }
 }
 
-void OpCache::begin_recording() { recording_ = true; }
+void OpCache::begin_recording(bool track_producers) {
+  recording_ = true;
+  track_producers_ = track_producers;
+}
 
 void OpCache::end_recording() {
   recording_ = false;
+  if (track_producers_) {
+    stop_tracking();
+  }
   demote_modified();
 }
 
@@ -355,6 +512,8 @@ OpCache::Served OpCache::take(const c10::OperatorHandle& op, size_t index,
 void OpCache::clear() {
   calls_.clear();
   storages_.clear();
+  producers_.clear();
+  latest_outputs_.clear();
   bytes_ = 0;
   saved_calls_ = 0;
 }

@@ -49,7 +49,12 @@ class OpCache {
   // a prefix: calls past its end run, saved outputs are handed out but kept
   // for the backward after the forward, and outputs already modified run
   // again (end_recording will demote them).
-  void begin_recording();
+  //
+  // With `track_producers`, the cache also remembers which call returned
+  // each tensor it records, recompute calls included (their outputs held
+  // weakly), so that a later decision can change a call's answer until the
+  // forward ends: see producer_of.
+  void begin_recording(bool track_producers = false);
   // Ends the forward: demotes saved calls whose outputs were modified in
   // place since they were stored to recompute calls (dropping the outputs):
   // their cached value is no longer what the op returned, but the
@@ -64,8 +69,12 @@ class OpCache {
   // (bytes() is 0); in-place changes to the stored tensors are still caught.
   void stash(TensorStash& stash);
 
-  // Records that the next call of `op` will be recomputed.
-  void append_recompute(const c10::OperatorHandle& op);
+  // Records that the next call of `op` will be recomputed. While tracking
+  // producers, `outputs` (held weakly) and `generator` are what keep_late
+  // needs to keep the call after all; otherwise they are not kept.
+  void append_recompute(const c10::OperatorHandle& op,
+                        c10::ArrayRef<c10::IValue> outputs = {},
+                        std::optional<GeneratorSnapshot> generator = std::nullopt);
 
   // Records the next call of `op` as saved: keeps a detached alias of each
   // tensor in `outputs` (same storage and version counter, no autograd
@@ -88,6 +97,32 @@ class OpCache {
   // changing its version. The caching mode passes the outputs of every op the
   // forward runs, and the inputs of every op it saves.
   void watch_aliases(c10::ArrayRef<c10::IValue> values);
+
+  // ---- Late decisions (while recording, tracking producers) ----------------
+
+  // A recorded call that returned a tensor, and whether it is kept now.
+  struct Producer {
+    c10::OperatorHandle op;
+    size_t call;
+    bool kept;
+  };
+
+  // The call whose outputs `t` is on (the same storage: an output, or a view
+  // or reshape of one), if this forward recorded it; nullopt for tensors
+  // made before it or by ops it did not record.
+  std::optional<Producer> producer_of(const at::Tensor& t) const;
+
+  // Keeps recompute call `producer` after all, as append_saved would have
+  // (offloading what `offload_to` accepts). It cannot when one of its
+  // outputs was modified in place since the op returned, or was freed (the
+  // cache holds the outputs of the latest recorded call until the next one
+  // is recorded, and only weak references to older ones): then the call
+  // stays recomputed and the reason is returned.
+  std::optional<std::string> keep_late(const Producer& producer,
+                                       std::shared_ptr<CopyTarget> offload_to);
+
+  // Recomputes kept call `producer` after all, dropping its outputs.
+  void recompute_late(const Producer& producer);
 
   // ---- Recomputation ------------------------------------------------------
 
@@ -131,12 +166,16 @@ class OpCache {
   size_t demoted_calls() const { return demoted_calls_; }
 
  private:
-  // One tensor among a saved call's outputs, and where it is now.
+  // One tensor among a call's outputs, and where it is now.
   struct Slot {
     explicit Slot(const at::Tensor& t) : version(t) {}
-    VersionWatch version;  // the output's own counter
+    VersionWatch version;  // the output's own counter, since the op returned
     const c10::StorageImpl* storage = nullptr;  // its key in storages_, if any
-    at::Tensor held;       // on its device (a detached alias)
+    // Not kept: the recompute call's output, while keep_late may still keep
+    // it (tracking producers) ...
+    std::optional<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> returned;
+    // ... or kept on its device (a detached alias) ...
+    at::Tensor held;
     // Or stashed (sac/region/stash.h) ...
     std::unique_ptr<torch::autograd::SavedVariableHooks> stashed;
     // ... or offloaded: the copy in the call's target, its device, and the
@@ -147,6 +186,8 @@ class OpCache {
   };
 
   struct Call {
+    // Saved (with its outputs) or Recompute (with the structure of its
+    // outputs and weak slots while producers are tracked).
     enum class State : uint8_t { Recompute, Saved, Served };
     State state = State::Recompute;
     // The op's outputs with their structure, each tensor replaced by an
@@ -161,6 +202,19 @@ class OpCache {
 
   // The call, or null for one past the end of a forward still recording.
   const Call* find(const c10::OperatorHandle& op, size_t call) const;
+  // A call recording the structure of `outputs`, with a slot per defined
+  // tensor (not kept yet).
+  static Call shape_of(c10::ArrayRef<c10::IValue> outputs);
+  // Keeps `call`'s slots (`tensors`, one per slot) and offloads those
+  // `offload_to` accepts: the call is saved from now on.
+  void keep(Call& call, const std::vector<at::Tensor>& tensors,
+            std::shared_ptr<CopyTarget> offload_to);
+  // Remembers call `index` of `op` as the producer of the storages of
+  // `tensors`, its outputs.
+  void note_producer(const c10::OperatorHandle& op, size_t index,
+                     c10::ArrayRef<at::Tensor> tensors);
+  // Forgets what only late decisions needed.
+  void stop_tracking();
   void demote_modified();
   void offload(Slot& slot, CopyTarget& target);
   // The call's outputs with each slot's tensor: the held ones as new
@@ -194,6 +248,22 @@ class OpCache {
   std::optional<std::pair<size_t, std::string>> first_modified(const Call& call) const;
 
   std::unordered_map<const c10::StorageImpl*, StorageInfo> storages_;
+
+  // Per storage of a tracked call's output: that call. Pinned as in
+  // StorageInfo. `aliases` are the watches of watch_aliases for storages not
+  // kept yet; keep_late hands them to StorageInfo.
+  struct ProducerInfo {
+    c10::OperatorHandle op;
+    size_t call;
+    c10::weak_intrusive_ptr<c10::StorageImpl> pin;
+    std::vector<VersionWatch> aliases;
+  };
+  std::unordered_map<const c10::StorageImpl*, ProducerInfo> producers_;
+  bool track_producers_ = false;
+  // The outputs of the latest call, if it was recomputed (see
+  // append_recompute).
+  std::vector<at::Tensor> latest_outputs_;
+
   bool recording_ = false;
   size_t bytes_ = 0;
   size_t saved_calls_ = 0;

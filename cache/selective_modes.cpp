@@ -8,6 +8,7 @@
 #include <c10/util/Exception.h>
 
 #include <mutex>
+#include <unordered_set>
 
 namespace sac {
 namespace {
@@ -42,6 +43,20 @@ std::optional<GeneratorSnapshot> snapshot_after(
   }
   std::lock_guard<std::mutex> lock(generator->mutex());
   return GeneratorSnapshot{*generator, generator->clone()};
+}
+
+// Warns with `message` the first time this process meets `key`: a region's
+// forward runs every training step, and so would its warnings.
+void warn_once(const std::string& key, const std::string& message) {
+  static std::mutex mutex;
+  static std::unordered_set<std::string> warned;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!warned.insert(key).second) {
+      return;
+    }
+  }
+  TORCH_WARN(message);
 }
 
 void restore(GeneratorSnapshot snapshot) {
@@ -84,10 +99,12 @@ void CachingMode::on_outermost_enter() {
               "needs it. Create a new pair for each region: a context_fn should "
               "call create_selective_checkpoint_contexts each time it is called "
               "(or use CheckpointOptions::policy, which does).");
-  cache_->begin_recording();
+  cache_->begin_recording(/*track_producers=*/policy_.domain().tags);
+  tagged_names_.clear();
 }
 
 void CachingMode::on_outermost_exit() {
+  report_untagged_names();
   cache_->end_recording();
   // Kept until backward: where the thread keeps such tensors (host memory,
   // under sac::OffloadGuard).
@@ -118,14 +135,60 @@ void CachingMode::intercept(const c10::OperatorHandle& op,
   const SelectiveCheckpointContext ctx{/*is_recompute=*/false, outputs,
                                        cache_->recorded_calls(op)};
   const CheckpointPolicy answer = policy_.decide(ctx, op, inputs);
+  if (is_tag(op)) {
+    apply_tag(inputs, answer);
+    cache_->append_recompute(op);
+    return;
+  }
   if (is_recompute(answer)) {
     cache_->watch_aliases(outputs);
-    cache_->append_recompute(op);
+    cache_->append_recompute(op, outputs, std::move(after));
     return;
   }
   cache_->append_saved(op, outputs, std::move(after),
                        is_offload(answer) ? offload_to_ : nullptr);
   cache_->watch_aliases(inputs);
+}
+
+void CachingMode::apply_tag(c10::ArrayRef<c10::IValue> args, CheckpointPolicy answer) {
+  const std::string& name = tag_name(args);
+  tagged_names_.insert(name);
+  const auto producer = cache_->producer_of(args[0].toTensor());
+  if (!producer.has_value()) {
+    return;  // not returned by an op of this region: nothing to keep
+  }
+  if (is_kept(answer) && !producer->kept) {
+    const auto why_not =
+        cache_->keep_late(*producer, is_offload(answer) ? offload_to_ : nullptr);
+    if (why_not.has_value()) {
+      warn_once("keep " + name,
+                c10::str("sac: the policy ", policy_.describe(), " answers ",
+                         to_string(answer), " for the value tagged '", name,
+                         "', but the call of ", producer->op.operator_name(),
+                         " that returned it cannot be kept: ", *why_not,
+                         ". It is recomputed. Tag a value that is not modified in "
+                         "place after its op returned (LibTorch's nn::Linear adds its "
+                         "bias in place on input of more than 2 dimensions: flatten "
+                         "such input to 2-D so that it runs aten::addmm). Reported "
+                         "once per name."));
+    }
+  } else if (answer == CheckpointPolicy::MustRecompute && producer->kept) {
+    cache_->recompute_late(*producer);
+  }
+}
+
+void CachingMode::report_untagged_names() const {
+  for (const auto& name : policy_.domain().names) {
+    if (tagged_names_.count(name) == 0) {
+      warn_once("untagged " + name,
+                c10::str("sac: the policy ", policy_.describe(), " asks for the name '",
+                         name, "', but no sac::tag(..., \"", name, "\") ran in the "
+                         "forward of the checkpointed region it governs, so nothing is "
+                         "kept by that name. Check the spelling, and that the tag runs "
+                         "inside the region (in a nested selective region, the inner "
+                         "region's policy decides). Reported once per name."));
+    }
+  }
 }
 
 // ---- CachedMode -------------------------------------------------------------

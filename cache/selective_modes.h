@@ -20,6 +20,12 @@
 // intercept more ops after this region's forward ran, and the recomputation
 // must still replay the same calls.
 //
+// Tags (sac/policy/tag.h): under a policy that asks about them, the caching
+// mode applies a tag's answer to the recorded call that returned the tagged
+// tensor (sac/policy/names.h says how), and reports the names the policy
+// mentions that the forward never tagged. Both modes record and replay tag
+// calls as recomputed: a tag is the identity.
+//
 // Random ops: a saved random op draws nothing when it is served, so its
 // generator is set to the state it had right after the op in forward;
 // everything recomputed after it draws the forward's numbers.
@@ -31,7 +37,9 @@
 #include <sac/policy/policy.h>
 
 #include <memory>
+#include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace sac {
@@ -75,8 +83,15 @@ class CachingMode final : public SelectiveMode {
   void on_outermost_exit() override;
   void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
                  torch::jit::Stack* stack) override;
+  // Applies the policy's `answer` for a tag call with `args` to the call
+  // that returned the tagged tensor.
+  void apply_tag(c10::ArrayRef<c10::IValue> args, CheckpointPolicy answer);
+  // Warns about the names the policy mentions that this forward never
+  // tagged (once per name and process).
+  void report_untagged_names() const;
 
   std::shared_ptr<CopyTarget> offload_to_;
+  std::unordered_set<std::string> tagged_names_;
 };
 
 class CachedMode final : public SelectiveMode {

@@ -83,8 +83,9 @@ class ExceptRule final : public Policy::Rule {
     return is_must(exclusion) || is_must(answer) ? CheckpointPolicy::MustRecompute
                                                  : CheckpointPolicy::PreferRecompute;
   }
-  // Only the policy's ops can be kept; the exclusion is asked about those.
-  OpDomain domain() const override { return policy_.domain(); }
+  // Only the policy's ops can be kept; the exclusion is asked about those,
+  // and about its tags: a tag it keeps recomputes the tagged value's call.
+  OpDomain domain() const override { return policy_.domain().with_tags_of(excluded_.domain()); }
   std::string describe() const override {
     return "except(" + policy_.describe() + ", " + excluded_.describe() + ")";
   }
@@ -104,7 +105,7 @@ class EveryNthRule final : public Policy::Rule {
     return listed && (ctx.call + 1) % n_ == 0 ? CheckpointPolicy::MustSave
                                               : CheckpointPolicy::PreferRecompute;
   }
-  OpDomain domain() const override { return {false, ops_}; }
+  OpDomain domain() const override { return OpDomain::listed(ops_); }
   std::string describe() const override {
     return "every_nth(" + name_ + ", " + std::to_string(n_) + ")";
   }

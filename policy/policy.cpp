@@ -31,6 +31,9 @@ std::string_view to_string(CheckpointPolicy policy) {
 // ---- OpDomain ---------------------------------------------------------------
 
 bool OpDomain::contains(const c10::OperatorHandle& op) const {
+  if (is_tag(op)) {
+    return tags;
+  }
   if (every_cacheable_op) {
     return policy::is_cacheable(op);
   }
@@ -38,13 +41,26 @@ bool OpDomain::contains(const c10::OperatorHandle& op) const {
 }
 
 OpDomain OpDomain::united_with(const OpDomain& other) const {
+  OpDomain out = with_tags_of(other);
   if (every_cacheable_op || other.every_cacheable_op) {
-    return {true, {}};
+    out.every_cacheable_op = true;
+    out.ops.clear();
+    return out;
   }
-  OpDomain out = *this;
   for (const auto& op : other.ops) {
-    if (!out.contains(op)) {
+    if (std::find(out.ops.begin(), out.ops.end(), op) == out.ops.end()) {
       out.ops.push_back(op);
+    }
+  }
+  return out;
+}
+
+OpDomain OpDomain::with_tags_of(const OpDomain& other) const {
+  OpDomain out = *this;
+  out.tags = tags || other.tags;
+  for (const auto& name : other.names) {
+    if (std::find(out.names.begin(), out.names.end(), name) == out.names.end()) {
+      out.names.push_back(name);
     }
   }
   return out;
@@ -67,7 +83,7 @@ class OpListRule final : public Policy::Rule {
                ? answer_
                : CheckpointPolicy::PreferRecompute;
   }
-  OpDomain domain() const override { return {false, ops_}; }
+  OpDomain domain() const override { return OpDomain::listed(ops_); }
   std::string describe() const override { return description_; }
 
  private:
@@ -91,7 +107,7 @@ class CallbackRule final : public Policy::Rule {
                           c10::ArrayRef<c10::IValue> args) const override {
     return fn_(ctx, op, args);
   }
-  OpDomain domain() const override { return {true, {}}; }
+  OpDomain domain() const override { return OpDomain::every_cacheable(); }
   std::string describe() const override { return "callback"; }
 
  private:
@@ -183,6 +199,9 @@ void Policy::prepare_interception() const {
     dispatch::intercept_ops_matching(&policy::is_cacheable);
   } else {
     dispatch::intercept_ops(domain_->ops);
+  }
+  if (domain_->tags) {
+    dispatch::intercept_ops({tag_op()});
   }
 }
 

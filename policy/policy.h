@@ -8,6 +8,7 @@
 #pragma once
 
 #include <sac/policy/checkpoint_policy.h>
+#include <sac/policy/tag.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
@@ -15,19 +16,38 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace sac {
 
 // The op calls a policy is asked about: every cacheable op
-// (sac/policy/op_traits.h), or a list of them.
+// (sac/policy/op_traits.h), or a list of them; and the named values
+// (sac/policy/tag.h), or not.
 struct OpDomain {
   bool every_cacheable_op = false;
   std::vector<c10::OperatorHandle> ops;  // without every_cacheable_op
+  // Whether the policy is asked about sac::tag calls, and the names it
+  // mentions: a region whose forward tags none of them is reported.
+  bool tags = false;
+  std::vector<std::string> names;
+
+  static OpDomain every_cacheable() {
+    OpDomain domain;
+    domain.every_cacheable_op = true;
+    return domain;
+  }
+  static OpDomain listed(std::vector<c10::OperatorHandle> ops) {
+    OpDomain domain;
+    domain.ops = std::move(ops);
+    return domain;
+  }
 
   bool contains(const c10::OperatorHandle& op) const;
-  // Both domains' ops.
+  // Both domains' ops and tags.
   OpDomain united_with(const OpDomain& other) const;
+  // This domain with `other`'s tags and names added.
+  OpDomain with_tags_of(const OpDomain& other) const;
 };
 
 // A policy is asked about every call of an op in its domain, in a region run
@@ -50,7 +70,8 @@ class Policy {
     virtual ~Rule() = default;
     // The answer for one call of `op`. A combinator asks each of its rules
     // about every op of the combined domain: a rule answers PreferRecompute
-    // for ops outside its own domain.
+    // for ops outside its own domain. A rule whose domain has no tags is
+    // never asked about sac::tag.
     virtual CheckpointPolicy decide(const SelectiveCheckpointContext& ctx,
                                     const c10::OperatorHandle& op,
                                     c10::ArrayRef<c10::IValue> args) const = 0;
@@ -91,10 +112,16 @@ class Policy {
   // intercepts.
   bool decides_about(const c10::OperatorHandle& op) const { return domain_->contains(op); }
 
-  // The answer for one call. `decides_about(op)` must hold.
+  // The answer for one call. A combinator asks its policies about every op
+  // of its domain; each answers PreferRecompute for the ops outside its own.
+  // Tags are kept from the rules that do not ask about them here, so that a
+  // callback written for aten ops never meets sac::tag.
   CheckpointPolicy decide(const SelectiveCheckpointContext& ctx,
                           const c10::OperatorHandle& op,
                           c10::ArrayRef<c10::IValue> args) const {
+    if (!domain_->tags && is_tag(op)) {
+      return CheckpointPolicy::PreferRecompute;
+    }
     return rule_->decide(ctx, op, args);
   }
 

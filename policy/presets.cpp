@@ -39,7 +39,7 @@ class EveryOpRule final : public Policy::Rule {
   }
   OpDomain domain() const override {
     // Recomputing everything needs to see nothing.
-    return {is_kept(answer_), {}};
+    return is_kept(answer_) ? OpDomain::every_cacheable() : OpDomain();
   }
   std::string describe() const override { return name_; }
 
@@ -61,7 +61,7 @@ class LargerThanRule final : public Policy::Rule {
     }
     return total > bytes_ ? CheckpointPolicy::PreferSave : CheckpointPolicy::PreferRecompute;
   }
-  OpDomain domain() const override { return {true, {}}; }
+  OpDomain domain() const override { return OpDomain::every_cacheable(); }
   std::string describe() const override {
     return "outputs_larger_than(" + std::to_string(bytes_) + ")";
   }

@@ -363,6 +363,10 @@ struct Region {
   PolicySpec policy;
   bool via_context_fn = false;
   bool offload = false;  // saved answers offloaded to a host copy target
+  // Names (every value is tagged "v0".."v3", see Runner::step): 0 none;
+  // 1 any_of(policy, save v0 and v2); 2 except(policy, save v1);
+  // 3 any_of(policy, save v3 and offload v0).
+  int names = 0;
   bool early_stop = true;
   bool no_determinism_check = false;
   bool debug = false;
@@ -475,6 +479,9 @@ std::string Program::describe(const Region& r, int index) const {
   if (r.policy.kind != PolicySpec::None) {
     o << (r.via_context_fn ? " via=context_fn" : " via=.policy()")
       << (r.offload ? " offload_if" : "");
+    const char* names[] = {"", " names=any_of(v0,v2)", " names=except(v1)",
+                           " names=any_of(save v3, offload v0)"};
+    o << names[r.names];
   }
   o << (r.early_stop ? "" : " early_stop=false") << (r.no_determinism_check ? " determinism_check=None" : "")
     << (r.debug ? " debug" : "") << " args=" << styles[r.arg_style]
@@ -606,6 +613,7 @@ std::string features(const Program& p) {
     if (r.parent >= 0) f.insert("nested");
     if (!r.early_stop) f.insert("early_stop=false");
     if (r.offload) f.insert("offload");
+    if (r.names != 0) f.insert("names");
     if (r.via_context_fn) f.insert("context_fn");
     if (r.policy.kind == PolicySpec::EveryOther) f.insert("stateful-policy");
     if (r.policy.kind == PolicySpec::None) f.insert("full-recompute");
@@ -1271,6 +1279,7 @@ class Generator {
     if (r.policy.kind != PolicySpec::None) {
       r.via_context_fn = coin(0.25);
       r.offload = coin(0.3);
+      r.names = coin(0.3) ? uniform(1, 3) : 0;
     }
     r.early_stop = !coin(0.25);
     r.no_determinism_check = coin(0.1);
@@ -1561,9 +1570,19 @@ class Runner {
     sac::CheckpointOptions o;
     if (R.policy.kind != PolicySpec::None) {
       sac::Policy policy = policy_for(R.policy);
+      switch (R.names) {
+        case 1: policy = sac::any_of({policy, sac::save_only_these_names({"v0", "v2"})}); break;
+        case 2: policy = sac::except(policy, sac::save_only_these_names({"v1"})); break;
+        case 3:
+          policy = sac::any_of({policy, sac::save_and_offload_only_these_names({"v3"}, {"v0"})});
+          break;
+        default: break;
+      }
       std::shared_ptr<sac::CopyTarget> target;
       if (R.offload) {
         policy = sac::offload_if(policy, int64_t{0});
+      }
+      if (R.offload || R.names == 3) {
         target = std::make_shared<HostCopies>();
       }
       if (R.via_context_fn) {
@@ -1589,7 +1608,10 @@ class Runner {
       }
       return t;
     };
-    auto set = [&](size_t k, at::Tensor t) { env.at(s.out.at(k)) = std::move(t); };
+    // Every value is tagged: the identity, except to name policies.
+    auto set = [&](size_t k, at::Tensor t) {
+      env.at(s.out.at(k)) = t.defined() ? sac::tag(t, "v" + std::to_string(s.out.at(k) % 4)) : t;
+    };
     switch (s.op) {
       // elementwise
       case Op::Add: set(0, in(0) + in(1)); break;
