@@ -10,6 +10,7 @@
 //   sac/policy/policy.h            which op calls to save, recompute, offload
 //   sac/policy/presets.h           ready-made policies (JAX, torchtitan, ...)
 //   sac/policy/combinators.h       any_of, all_of, except, every_nth, ...
+//   sac/policy/tag.h, names.h      named values: sac::tag and name policies
 //   sac/cache/selective_modes.h    the caching and cached modes, their cache
 //   sac/record/recorder.h          recording a region's ops, replaying them
 //   sac/checkpoint/checkpoint.h    non-reentrant checkpoint and its options
@@ -17,6 +18,8 @@
 //   sac/checkpoint/scope.h         the options of a block of code
 //   sac/checkpoint/graph_exec_group.h  backward calls that recompute once
 //   sac/offload/offload.h          saved tensors kept in host memory
+//   sac/lab/...                    policy experiments: profile.h, explain.h,
+//                                  budget.h (budgeted policies), knapsack.h
 //   sac/nn/...                     torch::nn models: checkpoint_wrapper.h,
 //                                  apply_activation_checkpointing.h,
 //                                  checkpoint_sequential.h, offload_wrapper.h
@@ -35,6 +38,10 @@
 #include <sac/checkpoint/region.h>
 #include <sac/checkpoint/scope.h>
 #include <sac/dispatch/interceptor.h>
+#include <sac/lab/budget.h>
+#include <sac/lab/explain.h>
+#include <sac/lab/knapsack.h>
+#include <sac/lab/profile.h>
 #include <sac/offload/offload.h>
 #include <sac/policy/checkpoint_policy.h>
 #include <sac/policy/combinators.h>

@@ -3,11 +3,14 @@
 #include <sac/checkpoint/frame.h>
 #include <sac/checkpoint/frame_setup.h>
 #include <sac/checkpoint/function_rerun.h>
+#include <sac/checkpoint/profiler_scope.h>
 
 namespace sac::detail {
 // The frame and what is active during its forward. Declared in entry order:
 // destroying it exits them in reverse.
 struct CheckpointedCall::Active {
+  // "sac::checkpoint" in the PyTorch profiler, around the whole forward.
+  ProfilerScope scope{"sac::checkpoint"};
   std::shared_ptr<CheckpointFrame> frame;
   std::optional<SavedTensorHooksGuard> hooks;
   std::optional<dispatch::ObserverGuard> watch;

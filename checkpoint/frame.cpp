@@ -2,6 +2,7 @@
 
 #include <sac/checkpoint/error.h>
 #include <sac/checkpoint/graph_exec_group.h>
+#include <sac/checkpoint/profiler_scope.h>
 #include <sac/dispatch/interceptor.h>
 #include <sac/region/version_watch.h>
 
@@ -200,6 +201,8 @@ at::Tensor CheckpointFrame::unpack_unchecked(Holder& holder) {
 }
 
 void CheckpointFrame::recompute(int64_t graph_task) {
+  // Each recomputation is "sac::recompute" in the PyTorch profiler.
+  ProfilerScope scope("sac::recompute");
   // A backward inside an enclosing region's forward can start this
   // recomputation while that region's modes are active on the thread; they
   // must not see (and record) its ops, which the ordinary backward's

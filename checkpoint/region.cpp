@@ -2,6 +2,7 @@
 
 #include <sac/checkpoint/error.h>
 #include <sac/checkpoint/frame_setup.h>
+#include <sac/checkpoint/profiler_scope.h>
 #include <sac/checkpoint/scope.h>
 #include <sac/dispatch/interceptor.h>
 #include <sac/record/recorder.h>
@@ -107,6 +108,8 @@ class RegionReplay final : public Recomputation {
 // it exits them in reverse.
 struct CheckpointRegion::Active {
   int exceptions_at_start = std::uncaught_exceptions();
+  // "sac::CheckpointRegion" in the PyTorch profiler, around the region.
+  detail::ProfilerScope scope{"sac::CheckpointRegion"};
   std::shared_ptr<detail::CheckpointFrame> frame;
   std::shared_ptr<detail::RegionReplay> replay;
   std::optional<detail::SavedTensorHooksGuard> hooks;

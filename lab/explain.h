@@ -1,0 +1,51 @@
+// sac::explain: what a policy does with a region, call by call (JAX's
+// print_saved_residuals, with the answers).
+//
+//   sac::Explanation e = sac::explain(policy, [&] { block->forward(x); });
+//   e.print(std::cout);
+//
+// Runs the region once under the policy's caching mode (a forward that keeps
+// autograd's own saved tensors, so nothing needs a backward), profiled as
+// sac::profile does, and reports for every call the policy's answer and what
+// came of it: kept on the device, offloaded, or recomputed (also when a tag
+// or an in-place change overrode the answer).
+#pragma once
+
+#include <sac/lab/profile.h>
+#include <sac/policy/policy.h>
+
+#include <functional>
+#include <iosfwd>
+#include <optional>
+#include <vector>
+
+namespace sac {
+
+struct ExplainedCall {
+  OpCallProfile profile;
+  // The policy's answer, for the calls it was asked about.
+  std::optional<CheckpointPolicy> answer;
+  enum class Outcome { NotDecided, Saved, Offloaded, Recomputed } outcome = Outcome::NotDecided;
+};
+
+class Explanation {
+ public:
+  explicit Explanation(std::vector<ExplainedCall> calls) : calls_(std::move(calls)) {}
+
+  const std::vector<ExplainedCall>& calls() const { return calls_; }
+  // Bytes the region keeps on the device after the forward (saved calls).
+  int64_t kept_bytes() const;
+  // Bytes offloaded to the copy target.
+  int64_t offloaded_bytes() const;
+  // Time the recomputation spends on the recomputed decided calls.
+  double recompute_seconds() const;
+
+  void print(std::ostream& out) const;
+
+ private:
+  std::vector<ExplainedCall> calls_;
+};
+
+Explanation explain(const Policy& policy, const std::function<void()>& region);
+
+}  // namespace sac

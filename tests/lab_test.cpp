@@ -1,0 +1,239 @@
+// The policy lab: profiles, the exact knapsack and budgeted policies. Bytes
+// are counted exactly on the counting allocator.
+#include "support.h"
+
+#include <sac/lab/budget.h>
+#include <sac/lab/explain.h>
+#include <sac/lab/knapsack.h>
+#include <sac/lab/profile.h>
+
+#include <torch/csrc/autograd/profiler_legacy.h>
+
+#include <random>
+#include <sstream>
+
+namespace {
+
+using sac_test::CountingAllocator;
+using sac_test::expect_bit_identical;
+using sac_test::GptBlock;
+using sac_test::run_and_grad;
+
+class Lab : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    sac_test::expect_configured_mechanism();
+    CountingAllocator::install();
+    at::set_num_threads(1);
+  }
+};
+
+// Bytes a region keeps after its forward under `policy` (beyond its output),
+// and [output, gradients].
+struct Outcome {
+  int64_t kept = 0;
+  std::vector<at::Tensor> grads;
+};
+
+// The region's output is dropped before counting (its sum kept): its storage
+// then stays only if the policy keeps the call that returned it.
+Outcome run(GptBlock& block, const at::Tensor& x, const sac::Policy& policy) {
+  torch::manual_seed(7);
+  const int64_t base = CountingAllocator::live_bytes();
+  at::Tensor y = sac::checkpoint(sac::CheckpointOptions().policy(policy),
+                                 [&](const at::Tensor& in) { return block->forward(in); }, x);
+  const at::Tensor loss = y.sum();
+  y = at::Tensor();
+  Outcome out;
+  out.kept = CountingAllocator::live_bytes() - base - static_cast<int64_t>(loss.nbytes());
+  std::vector<at::Tensor> wrt{x};
+  for (const auto& p : block->parameters()) {
+    wrt.push_back(p);
+  }
+  out.grads = torch::autograd::grad({loss}, wrt);
+  out.grads.insert(out.grads.begin(), loss.detach());
+  return out;
+}
+
+// [sum of the output, gradients], as run() gives them.
+std::vector<at::Tensor> plain(GptBlock& block, const at::Tensor& x) {
+  auto out = run_and_grad([&] { return block->forward(x); }, {x}, block->parameters(), 7);
+  out[0] = out[0].sum();
+  return out;
+}
+
+sac::RegionProfile profile_of(GptBlock& block, const at::Tensor& x) {
+  torch::manual_seed(7);
+  return sac::profile([&] { block->forward(x); });
+}
+
+// What saving a call keeps is what the profile says: in all, the bytes
+// everything_saveable() keeps after the forward.
+TEST_F(Lab, ProfileBytesAreTheBytesSavingKeeps) {
+  torch::manual_seed(0);
+  GptBlock block(64, 4, 0.1);
+  const at::Tensor x = torch::randn({2, 16, 64}, torch::requires_grad());
+  const sac::RegionProfile p = profile_of(block, x);
+  const Outcome none = run(block, x, sac::nothing_saveable());
+  const Outcome all = run(block, x, sac::everything_saveable());
+  EXPECT_GT(p.keepable_bytes(), 0);
+  EXPECT_EQ(all.kept - none.kept, p.keepable_bytes());
+  size_t cacheable = 0;
+  for (const auto& c : p.calls()) {
+    cacheable += c.cacheable ? 1 : 0;
+    EXPECT_GE(c.seconds, 0);
+    if (c.view) {
+      EXPECT_EQ(c.output_bytes, 0) << c10::toString(c.op.operator_name());
+    }
+  }
+  EXPECT_GT(cacheable, 5u);
+  std::ostringstream table, csv;
+  p.print(table, sac::RegionProfile::SortBy::Bytes, 5);
+  p.write_csv(csv);
+  EXPECT_NE(table.str().find("keepable"), std::string::npos);
+  const std::string rows = csv.str();
+  EXPECT_EQ(std::count(rows.begin(), rows.end(), '\n'),
+            static_cast<long>(p.calls().size()) + 1);
+}
+
+// The exact solver against brute force on small random problems.
+TEST_F(Lab, KnapsackMatchesBruteForce) {
+  std::mt19937_64 rng(3);
+  for (int trial = 0; trial < 300; ++trial) {
+    const size_t n = 1 + rng() % 14;
+    std::vector<sac::lab::Item> items(n);
+    int64_t total = 0;
+    for (auto& item : items) {
+      item.weight = static_cast<int64_t>(rng() % 100);
+      item.value = static_cast<double>(rng() % 1000) / 7.0;
+      total += item.weight;
+    }
+    const int64_t capacity = static_cast<int64_t>(rng() % (total + 1));
+    double best = 0;
+    for (uint64_t mask = 0; mask < (uint64_t{1} << n); ++mask) {
+      int64_t weight = 0;
+      double value = 0;
+      for (size_t i = 0; i < n; ++i) {
+        if (mask >> i & 1) {
+          weight += items[i].weight;
+          value += items[i].value;
+        }
+      }
+      if (weight <= capacity) {
+        best = std::max(best, value);
+      }
+    }
+    const auto choice = sac::lab::solve_knapsack(items, capacity);
+    ASSERT_TRUE(choice.exact);
+    EXPECT_LE(choice.weight, capacity);
+    EXPECT_NEAR(choice.value, best, 1e-9) << "trial " << trial;
+  }
+}
+
+// The budgeted policy keeps what the plan predicts, never more than the
+// budget, with bit-identical gradients.
+TEST_F(Lab, BudgetedPolicyKeepsWhatItPredictsWithinItsBudget) {
+  torch::manual_seed(0);
+  GptBlock block(64, 4, 0.1);
+  const at::Tensor x = torch::randn({2, 16, 64}, torch::requires_grad());
+  const auto expected = plain(block, x);
+  const sac::RegionProfile p = profile_of(block, x);
+  const Outcome none = run(block, x, sac::nothing_saveable());
+  for (const double fraction : {0.0, 0.1, 0.25, 0.5, 0.75, 1.0}) {
+    SCOPED_TRACE(fraction);
+    const auto plan = sac::budgeted_plan({p}, sac::Budget::fraction(fraction));
+    EXPECT_TRUE(plan.choice.exact);
+    EXPECT_LE(plan.kept_bytes, plan.budget_bytes);
+    const Outcome out = run(block, x, plan.policies[0]);
+    EXPECT_EQ(out.kept - none.kept, plan.kept_bytes);
+    expect_bit_identical(expected, out.grads);
+  }
+}
+
+// A model's worth of items (twelve profiled blocks, times as measured) is
+// solved exactly, under the default node limit, at every budget.
+TEST_F(Lab, TwelveBlocksAreSolvedExactly) {
+  torch::manual_seed(0);
+  GptBlock block(64, 4, 0.0);
+  const at::Tensor x = torch::randn({2, 16, 64}, torch::requires_grad());
+  std::vector<sac::RegionProfile> profiles;
+  for (int i = 0; i < 12; ++i) {
+    profiles.push_back(profile_of(block, x));
+  }
+  for (const double fraction : {0.05, 0.2, 0.5, 0.8}) {
+    const auto plan = sac::budgeted_plan(profiles, sac::Budget::fraction(fraction));
+    EXPECT_TRUE(plan.choice.exact) << fraction;
+    EXPECT_LE(plan.kept_bytes, plan.budget_bytes);
+  }
+}
+
+// One budget across two blocks.
+TEST_F(Lab, OneBudgetAcrossRegions) {
+  torch::manual_seed(0);
+  GptBlock a(64, 4, 0.0), b(64, 4, 0.0);
+  const at::Tensor x = torch::randn({2, 16, 64}, torch::requires_grad());
+  const at::Tensor h = a->forward(x).detach().requires_grad_();
+  const auto plan = sac::budgeted_plan({profile_of(a, x), profile_of(b, h)},
+                                       sac::Budget::fraction(0.4));
+  ASSERT_EQ(plan.policies.size(), 2u);
+  const Outcome none_a = run(a, x, sac::nothing_saveable());
+  const Outcome none_b = run(b, h, sac::nothing_saveable());
+  const Outcome out_a = run(a, x, plan.policies[0]);
+  const Outcome out_b = run(b, h, plan.policies[1]);
+  EXPECT_EQ(out_a.kept - none_a.kept + out_b.kept - none_b.kept, plan.kept_bytes);
+  EXPECT_LE(plan.kept_bytes, plan.budget_bytes);
+}
+
+// explain's outcomes are what the caching mode does: the bytes it reports
+// kept are the bytes a checkpoint under the policy keeps, for op lists,
+// callbacks, names and the budgeted policy; calls demoted by an in-place
+// change (nn::Linear on 3-D input) are reported recomputed.
+TEST_F(Lab, ExplainReportsWhatTheCachingModeDoes) {
+  torch::manual_seed(0);
+  GptBlock block(64, 4, 0.1);
+  const at::Tensor x = torch::randn({2, 16, 64}, torch::requires_grad());
+  const Outcome none = run(block, x, sac::nothing_saveable());
+  const sac::RegionProfile p = profile_of(block, x);
+  for (const auto& policy :
+       {sac::everything_saveable(), sac::compute_intensive_ops(), sac::dots_saveable(),
+        sac::Policy::save_ops({"aten::mm", "aten::addmm"}),
+        sac::budgeted_policy(p, sac::Budget::fraction(0.3))}) {
+    SCOPED_TRACE(policy.describe());
+    torch::manual_seed(7);
+    const sac::Explanation e = sac::explain(policy, [&] { block->forward(x); });
+    const Outcome out = run(block, x, policy);
+    EXPECT_EQ(e.kept_bytes(), out.kept - none.kept);
+    EXPECT_EQ(e.offloaded_bytes(), 0);
+    for (const auto& call : e.calls()) {
+      if (call.profile.modified_later && call.answer.has_value()) {
+        EXPECT_EQ(call.outcome, sac::ExplainedCall::Outcome::Recomputed);
+      }
+    }
+  }
+  std::ostringstream table;
+  sac::explain(sac::everything_saveable(), [&] { block->forward(x); }).print(table);
+  EXPECT_NE(table.str().find("PreferSave"), std::string::npos);
+  EXPECT_NE(table.str().find("recomputed"), std::string::npos) << "the demoted calls";
+}
+
+// The checkpointed forward and each recomputation are named scopes in the
+// PyTorch profiler's trace.
+TEST_F(Lab, TheProfilerTraceShowsTheForwardAndTheRecomputation) {
+  torch::manual_seed(0);
+  GptBlock block(64, 4, 0.0);
+  const at::Tensor x = torch::randn({2, 16, 64}, torch::requires_grad());
+  std::ostringstream trace;
+  {
+    torch::autograd::profiler::RecordProfile profiling(trace);
+    const at::Tensor y = sac::checkpoint(
+        sac::CheckpointOptions().policy(sac::dots_saveable()),
+        [&](const at::Tensor& in) { return block->forward(in); }, x);
+    y.sum().backward();
+  }
+  const std::string text = trace.str();
+  EXPECT_NE(text.find("\"sac::checkpoint\""), std::string::npos);
+  EXPECT_NE(text.find("\"sac::recompute\""), std::string::npos);
+  EXPECT_NE(text.find("aten::addmm"), std::string::npos) << "a trace with ops in it";
+}
+
+}  // namespace
