@@ -62,16 +62,16 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
   std::vector<lab::Item> items;
   std::vector<std::pair<size_t, const OpCallProfile*>> where;  // (profile, call) per item
   int64_t everything = 0;
-  double recompute_all = 0;
+  double recompute_all = 0;  // every call runs again unless kept
   for (size_t p = 0; p < profiles.size(); ++p) {
     for (const auto& call : profiles[p].calls()) {
+      recompute_all += call.seconds;
       if (!call.keepable()) {
         continue;
       }
       items.push_back({call.output_bytes, call.seconds});
       where.emplace_back(p, &call);
       everything += call.output_bytes;
-      recompute_all += call.seconds;
     }
   }
   BudgetedPlan plan;

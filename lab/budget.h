@@ -45,7 +45,8 @@ struct BudgetedPlan {
   // One policy per profile, in order.
   std::vector<Policy> policies;
   int64_t budget_bytes = 0;
-  // Predicted: bytes kept after the forward, and recomputation time left.
+  // Predicted: bytes kept after the forward, and the time of the calls the
+  // recomputation runs (all profiled calls but the kept ones).
   int64_t kept_bytes = 0;
   double recompute_seconds = 0;
   lab::Choice choice;       // over all profiles' keepable calls

@@ -71,7 +71,9 @@ int64_t Explanation::offloaded_bytes() const {
 double Explanation::recompute_seconds() const {
   double seconds = 0;
   for (const auto& c : calls_) {
-    seconds += c.outcome == ExplainedCall::Outcome::Recomputed ? c.profile.seconds : 0;
+    const bool kept = c.outcome == ExplainedCall::Outcome::Saved ||
+                      c.outcome == ExplainedCall::Outcome::Offloaded;
+    seconds += kept ? 0 : c.profile.seconds;
   }
   return seconds;
 }
@@ -97,10 +99,13 @@ Explanation explain(const Policy& policy, const std::function<void()>& region) {
   const Policy remembering(rule);
   auto contexts = create_selective_checkpoint_contexts(remembering, false,
                                                        std::make_shared<NoCopies>());
-  const RegionProfile profiled = profile([&] {
-    ContextScope caching(contexts.caching.get());
-    region();
-  });
+  // One run: the caching mode records one forward.
+  const RegionProfile profiled = profile(
+      [&] {
+        ContextScope caching(contexts.caching.get());
+        region();
+      },
+      /*runs=*/1);
   std::vector<ExplainedCall> calls;
   for (const auto& call : profiled.calls()) {
     ExplainedCall explained{call, std::nullopt, ExplainedCall::Outcome::NotDecided};

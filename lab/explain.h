@@ -6,7 +6,7 @@
 //
 // Runs the region once under the policy's caching mode (a forward that keeps
 // autograd's own saved tensors, so nothing needs a backward), profiled as
-// sac::profile does, and reports for every call the policy's answer and what
+// sac::profile does (times from that one run), and reports for every call the policy's answer and what
 // came of it: kept on the device, offloaded, or recomputed (also when a tag
 // or an in-place change overrode the answer).
 #pragma once
@@ -37,7 +37,8 @@ class Explanation {
   int64_t kept_bytes() const;
   // Bytes offloaded to the copy target.
   int64_t offloaded_bytes() const;
-  // Time the recomputation spends on the recomputed decided calls.
+  // Time of the calls the recomputation runs: every call but the kept ones
+  // (views, in-place ops and calls the policy was not asked about included).
   double recompute_seconds() const;
 
   void print(std::ostream& out) const;

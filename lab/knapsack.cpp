@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <unordered_map>
 
 namespace sac::lab {
 namespace {
@@ -78,12 +79,19 @@ class Search {
       return;
     }
     const Item& item = items_[order_[k]];
-    if (item.weight <= room) {
+    // Items of one weight come in order of value (they are sorted by value
+    // per byte). Taking one after leaving out an earlier one of the same
+    // weight is never better than taking that one instead: such branches
+    // are cut. The blocks of a model give many items of equal weight.
+    int& skipped = skipped_of_weight_[item.weight];
+    if (item.weight <= room && skipped == 0) {
       taken_[k] = true;
       visit(k + 1, room - item.weight, value + item.value);
       taken_[k] = false;
     }
+    ++skipped;
     visit(k + 1, room, value);
+    --skipped;
   }
 
   // By density while it fits, or the single most valuable item if better.
@@ -112,6 +120,8 @@ class Search {
   size_t max_nodes_;
   std::vector<size_t> order_;
   std::vector<bool> taken_;  // by position in order_
+  // Per weight, the items of that weight left out on the current path.
+  std::unordered_map<int64_t, int> skipped_of_weight_;
   std::vector<size_t> best_;
   double best_value_ = 0;
   size_t nodes_ = 0;

@@ -6,6 +6,7 @@
 #include <sac/region/version_watch.h>
 
 #include <c10/core/StorageImpl.h>
+#include <c10/util/Exception.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <algorithm>
@@ -195,16 +196,40 @@ void RegionProfile::write_csv(std::ostream& out) const {
   }
 }
 
-RegionProfile profile(const std::function<void()>& region) {
-  // Under per-op kernels, the cacheable ops must be intercepted to be seen.
-  dispatch::intercept_ops_matching(&policy::is_cacheable);
+namespace {
+
+std::vector<OpCallProfile> profile_once(const std::function<void()>& region) {
   Profiler profiler;
   {
     dispatch::ObserverGuard observing(&profiler);
     region();
   }
   profiler.finish();
-  return RegionProfile(std::move(profiler.records));
+  return std::move(profiler.records);
+}
+
+}  // namespace
+
+RegionProfile profile(const std::function<void()>& region, int runs) {
+  TORCH_CHECK(runs >= 1, "sac::profile: runs must be at least 1; got ", runs, ".");
+  // Under per-op kernels, the cacheable ops must be intercepted to be seen.
+  dispatch::intercept_ops_matching(&policy::is_cacheable);
+  std::vector<OpCallProfile> calls = profile_once(region);
+  for (int run = 1; run < runs; ++run) {
+    const std::vector<OpCallProfile> again = profile_once(region);
+    TORCH_CHECK(again.size() == calls.size(),
+                "sac::profile: the region ran ", calls.size(), " op calls in its first run and ",
+                again.size(), " in run ", run + 1, ". Profile a region that runs the same ops "
+                "each time (no data-dependent control flow), or profile it with runs = 1.");
+    for (size_t i = 0; i < calls.size(); ++i) {
+      TORCH_CHECK(again[i].op == calls[i].op, "sac::profile: op call ", i, " was ",
+                  c10::toString(calls[i].op.operator_name()), " in the first run and ",
+                  c10::toString(again[i].op.operator_name()), " in run ", run + 1,
+                  ". Profile a region that runs the same ops each time, or with runs = 1.");
+      calls[i].seconds = std::min(calls[i].seconds, again[i].seconds);
+    }
+  }
+  return RegionProfile(std::move(calls));
 }
 
 }  // namespace sac

@@ -1,10 +1,10 @@
 // sac::profile: what a region's ops cost, call by call.
 //
-//   sac::RegionProfile p = sac::profile([&] { block->forward(x); });
+//   sac::RegionProfile p = sac::profile([&] { block->forward(x); });  // 3 runs
 //   p.print(std::cout, sac::RegionProfile::SortBy::Bytes);
 //
-// The profile runs the region once, as a plain forward (autograd as usual),
-// and records each op call that reaches below autograd: the op, which call
+// The profile runs the region, as a plain forward (autograd as usual), and
+// records each op call that reaches below autograd: the op, which call
 // of it this is (the `ctx.call` a policy is told), the bytes of the new
 // storage its outputs hold, its time, and what it is. The cacheable calls
 // (sac/policy/op_traits.h) are the choices of a policy; their bytes are what
@@ -72,7 +72,10 @@ class RegionProfile {
   std::vector<OpCallProfile> calls_;
 };
 
-// Runs `region` once and profiles its ops (see above).
-RegionProfile profile(const std::function<void()>& region);
+// Runs `region` `runs` times and profiles its ops (see above): bytes and
+// kinds from the first run, each call's time the least of all runs (the
+// first run of a process pays for warm-up). Every run must make the same op
+// calls; a run that differs is an error.
+RegionProfile profile(const std::function<void()>& region, int runs = 3);
 
 }  // namespace sac
