@@ -16,6 +16,7 @@
 
 #include <functional>
 #include <iosfwd>
+#include <utility>
 #include <optional>
 #include <vector>
 

@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <unordered_map>
 

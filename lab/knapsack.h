@@ -2,6 +2,7 @@
 // recomputation costs the most time, within a byte budget.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -27,7 +28,9 @@ struct Choice {
 
 // The items of greatest total value whose total weight is at most
 // `capacity`. Exact by branch and bound on the Dantzig (fractional) bound,
-// unless more than `max_nodes` nodes are needed.
+// with dominated branches cut (an item taken after an earlier one of the same
+// weight and no less value was left out), unless more than `max_nodes` nodes
+// are needed.
 Choice solve_knapsack(const std::vector<Item>& items, int64_t capacity,
                       size_t max_nodes = 10'000'000);
 

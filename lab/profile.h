@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
+#include <utility>
 #include <vector>
 
 namespace sac {
