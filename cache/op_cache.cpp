@@ -251,11 +251,8 @@ void OpCache::watch_aliases(c10::ArrayRef<c10::IValue> values) {
 }
 
 std::optional<OpCache::Producer> OpCache::producer_of(const at::Tensor& t) const {
-  if (!t.has_storage()) {
-    return std::nullopt;
-  }
   // The pin keeps a freed storage's address from naming another one.
-  const auto it = producers_.find(t.storage().unsafeGetStorageImpl());
+  const auto it = producers_.find(slot_storage(t));
   if (it == producers_.end()) {
     return std::nullopt;
   }

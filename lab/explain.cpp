@@ -4,9 +4,10 @@
 #include <sac/region/context.h>
 
 #include <iomanip>
-#include <map>
+#include <optional>
 #include <ostream>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
 namespace sac {
@@ -19,13 +20,24 @@ class RememberingRule final : public Policy::Rule {
   CheckpointPolicy decide(const SelectiveCheckpointContext& ctx, const c10::OperatorHandle& op,
                           c10::ArrayRef<c10::IValue> args) const override {
     const CheckpointPolicy answer = policy_.decide(ctx, op, args);
-    answers[{c10::toString(op.operator_name()), ctx.call}] = answer;
+    answers[op][ctx.call] = answer;
     return answer;
   }
   OpDomain domain() const override { return policy_.domain(); }
   std::string describe() const override { return policy_.describe(); }
 
-  mutable std::map<std::pair<std::string, size_t>, CheckpointPolicy> answers;
+  std::optional<CheckpointPolicy> answer_for(const c10::OperatorHandle& op, size_t call) const {
+    const auto of_op = answers.find(op);
+    if (of_op == answers.end()) {
+      return std::nullopt;
+    }
+    const auto it = of_op->second.find(call);
+    return it == of_op->second.end() ? std::nullopt : std::make_optional(it->second);
+  }
+
+  // Per op, per call index.
+  mutable std::unordered_map<c10::OperatorHandle, std::unordered_map<size_t, CheckpointPolicy>>
+      answers;
 
  private:
   Policy policy_;
@@ -109,12 +121,12 @@ Explanation explain(const Policy& policy, const std::function<void()>& region) {
   std::vector<ExplainedCall> calls;
   for (const auto& call : profiled.calls()) {
     ExplainedCall explained{call, std::nullopt, ExplainedCall::Outcome::NotDecided};
-    const auto it = rule->answers.find({c10::toString(call.op.operator_name()), call.call});
-    if (it != rule->answers.end() && !is_tag(call.op)) {
-      explained.answer = it->second;
+    const auto answer = rule->answer_for(call.op, call.call);
+    if (answer.has_value() && !is_tag(call.op)) {
+      explained.answer = answer;
       const bool kept = contexts.cache->cached(call.op, call.call);
       explained.outcome = !kept ? ExplainedCall::Outcome::Recomputed
-                          : is_offload(it->second) ? ExplainedCall::Outcome::Offloaded
+                          : is_offload(*answer) ? ExplainedCall::Outcome::Offloaded
                                                    : ExplainedCall::Outcome::Saved;
     }
     calls.push_back(std::move(explained));

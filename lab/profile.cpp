@@ -27,19 +27,6 @@ bool is_collective(const c10::OperatorHandle& op) {
   return name.rfind("_c10d_functional::", 0) == 0 || name.rfind("c10d::", 0) == 0;
 }
 
-bool is_view(const c10::OperatorHandle& op) {
-  const auto& schema = op.schema();
-  if (schema.is_mutable()) {
-    return false;
-  }
-  for (const auto& ret : schema.returns()) {
-    if (ret.alias_info() != nullptr) {
-      return true;
-    }
-  }
-  return false;
-}
-
 class Profiler final : public dispatch::OpObserver {
  public:
   void before_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> args) override {
@@ -61,7 +48,7 @@ class Profiler final : public dispatch::OpObserver {
         }
       });
     }
-    record.view = is_view(call.op);
+    record.view = policy::is_view(call.op);
     record.in_place = call.op.schema().is_mutable();
     record.random = policy::is_random(call.op);
     record.collective = is_collective(call.op);

@@ -71,6 +71,19 @@ const std::vector<c10::OperatorHandle>& hidden_alias_ops() {
   return ops;
 }
 
+bool is_view(const c10::OperatorHandle& op) {
+  const auto& schema = op.schema();
+  if (schema.is_mutable()) {
+    return false;
+  }
+  for (const auto& ret : schema.returns()) {
+    if (ret.alias_info() != nullptr) {
+      return true;
+    }
+  }
+  return false;
+}
+
 bool is_random(const c10::OperatorHandle& op) {
   return op.hasTag(at::Tag::nondeterministic_seeded);
 }
@@ -89,11 +102,9 @@ std::optional<std::string> why_never_cached(const c10::OperatorHandle& op) {
     return "it mutates an input (an in-place or out= op); such ops are always "
            "recomputed";
   }
-  for (const auto& ret : schema.returns()) {
-    if (ret.alias_info() != nullptr) {
-      return "it is a view (its output aliases an input); views are always "
-             "recomputed";
-    }
+  if (is_view(op)) {
+    return "it is a view (its output aliases an input); views are always "
+           "recomputed";
   }
   if (decomposes_above_autograd(op)) {
     return "it is CompositeImplicitAutograd: it decomposes into other ops above "

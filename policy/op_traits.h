@@ -32,6 +32,9 @@ bool is_cacheable(const c10::OperatorHandle& op);
 // about them.
 bool is_ignored(const c10::OperatorHandle& op);
 
+// True for ops whose output aliases an input without writing it (views).
+bool is_view(const c10::OperatorHandle& op);
+
 // True for ops that draw from a random generator (tag nondeterministic_seeded).
 bool is_random(const c10::OperatorHandle& op);
 
