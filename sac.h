@@ -12,6 +12,7 @@
 //   sac/policy/combinators.h       any_of, all_of, except, every_nth, ...
 //   sac/policy/tag.h, names.h      named values: sac::tag and name policies
 //   sac/cache/selective_modes.h    the caching and cached modes, their cache
+//   sac/cache/statistics.h         what regions did with their ops, counted
 //   sac/record/recorder.h          recording a region's ops, replaying them
 //   sac/checkpoint/checkpoint.h    non-reentrant checkpoint and its options
 //   sac/checkpoint/region.h        the same for any code, by an RAII guard
@@ -29,6 +30,7 @@
 
 #include <sac/cache/op_cache.h>
 #include <sac/cache/selective_modes.h>
+#include <sac/cache/statistics.h>
 #include <sac/checkpoint/checkpoint.h>
 #include <sac/region/context.h>
 #include <sac/checkpoint/error.h>

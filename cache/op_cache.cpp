@@ -8,6 +8,8 @@
 #include <c10/core/TensorImpl.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+
 namespace sac {
 namespace {
 
@@ -375,6 +377,27 @@ void OpCache::end_recording() {
     stop_tracking();
   }
   demote_modified();
+}
+
+OpCache::Summary OpCache::summary() const {
+  Summary summary;
+  for (const auto& [op, calls] : calls_) {
+    for (const auto& call : calls) {
+      if (call.state == Call::State::Recompute) {
+        ++summary.recompute_calls;
+        continue;
+      }
+      const bool offloaded = std::any_of(call.slots.begin(), call.slots.end(),
+                                         [](const Slot& slot) { return slot.copy.defined(); });
+      ++(offloaded ? summary.offloaded_calls : summary.kept_calls);
+    }
+  }
+  for (const auto& [storage, info] : storages_) {
+    if (info.slots > 0 && info.held == 0) {
+      summary.offloaded_bytes += static_cast<int64_t>(info.nbytes);
+    }
+  }
+  return summary;
 }
 
 void OpCache::stash(TensorStash& stash) {

@@ -165,6 +165,18 @@ class OpCache {
   // Saved calls turned into recompute calls by end_recording.
   size_t demoted_calls() const { return demoted_calls_; }
 
+  // The recorded calls by what became of them, after end_recording and
+  // before stash() (sac/cache/statistics.h counts with it).
+  struct Summary {
+    size_t kept_calls = 0;       // saved, every output still on its device
+    size_t offloaded_calls = 0;  // saved, an output offloaded
+    size_t recompute_calls = 0;
+    // Device bytes of the offloaded outputs' storages that no kept output
+    // holds (each counted once).
+    int64_t offloaded_bytes = 0;
+  };
+  Summary summary() const;
+
  private:
   // One tensor among a call's outputs, and where it is now.
   struct Slot {

@@ -88,8 +88,9 @@ void SelectiveMode::exit() {
 // ---- CachingMode ------------------------------------------------------------
 
 CachingMode::CachingMode(Policy policy, std::shared_ptr<OpCache> cache,
-                         std::shared_ptr<CopyTarget> offload_to)
-    : SelectiveMode(std::move(policy), std::move(cache)),
+                         std::shared_ptr<CopyTarget> offload_to,
+                         std::shared_ptr<RegionStatistics> statistics)
+    : SelectiveMode(std::move(policy), std::move(cache), std::move(statistics)),
       offload_to_(std::move(offload_to)) {}
 
 void CachingMode::on_outermost_enter() {
@@ -101,11 +102,17 @@ void CachingMode::on_outermost_enter() {
               "(or use CheckpointOptions::policy, which does).");
   cache_->begin_recording(/*track_producers=*/policy_.domain().tags);
   tagged_names_.clear();
+  counts_ = RegionCounts();
+  storages_.clear();
+  output_bytes_ = 0;
 }
 
 void CachingMode::on_outermost_exit() {
   report_untagged_names();
   cache_->end_recording();
+  if (statistics_ != nullptr) {
+    add_statistics();
+  }
   // Kept until backward: where the thread keeps such tensors (host memory,
   // under sac::OffloadGuard).
   if (TensorStash* stash = current_stash()) {
@@ -136,9 +143,14 @@ void CachingMode::intercept(const c10::OperatorHandle& op,
                                        cache_->recorded_calls(op)};
   const CheckpointPolicy answer = policy_.decide(ctx, op, inputs);
   if (is_tag(op)) {
+    ++counts_.tags;
     apply_tag(inputs, answer);
     cache_->append_recompute(op);
     return;
+  }
+  ++counts_.calls_seen;
+  if (statistics_ != nullptr) {
+    count_bytes(outputs);
   }
   if (is_recompute(answer)) {
     cache_->watch_aliases(outputs);
@@ -177,6 +189,28 @@ void CachingMode::apply_tag(c10::ArrayRef<c10::IValue> args, CheckpointPolicy an
   }
 }
 
+void CachingMode::count_bytes(c10::ArrayRef<c10::IValue> outputs) {
+  for (const auto& output : outputs) {
+    dispatch::for_each_tensor(output,
+                              [&](const at::Tensor& t) { output_bytes_ += storages_.meet(t); });
+  }
+}
+
+void CachingMode::add_statistics() {
+  const OpCache::Summary summary = cache_->summary();
+  counts_.forwards = 1;
+  counts_.calls_saved = summary.kept_calls;
+  counts_.calls_offloaded = summary.offloaded_calls;
+  // The cache records each tag as a recompute call.
+  counts_.calls_recomputed = summary.recompute_calls - counts_.tags;
+  counts_.calls_demoted = cache_->demoted_calls();
+  counts_.bytes_kept = static_cast<int64_t>(cache_->bytes());
+  counts_.bytes_offloaded = summary.offloaded_bytes;
+  counts_.bytes_dropped = output_bytes_ - counts_.bytes_kept - counts_.bytes_offloaded;
+  statistics_->add(counts_);
+  storages_.clear();
+}
+
 void CachingMode::report_untagged_names() const {
   for (const auto& name : policy_.domain().names) {
     if (tagged_names_.count(name) == 0) {
@@ -194,13 +228,28 @@ void CachingMode::report_untagged_names() const {
 // ---- CachedMode -------------------------------------------------------------
 
 CachedMode::CachedMode(Policy policy, std::shared_ptr<OpCache> cache,
-                       bool allow_cache_entry_mutation)
-    : SelectiveMode(std::move(policy), std::move(cache)),
+                       bool allow_cache_entry_mutation,
+                       std::shared_ptr<RegionStatistics> statistics)
+    : SelectiveMode(std::move(policy), std::move(cache), std::move(statistics)),
       allow_cache_entry_mutation_(allow_cache_entry_mutation) {}
 
 void CachedMode::on_outermost_enter() {
   next_call_.clear();
+  pass_ = RegionCounts();
+  if (statistics_ != nullptr) {
+    pass_started_ = std::chrono::steady_clock::now();
+  }
   cache_->prefetch();
+}
+
+void CachedMode::on_outermost_exit() {
+  if (statistics_ == nullptr) {
+    return;
+  }
+  pass_.recomputations = 1;
+  pass_.recompute_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - pass_started_).count();
+  statistics_->add(pass_);
 }
 
 void CachedMode::intercept(const c10::OperatorHandle& op,
@@ -211,9 +260,11 @@ void CachedMode::intercept(const c10::OperatorHandle& op,
   }
   const size_t call = next_call_[op]++;
   if (!cache_->cached(op, call)) {
+    pass_.calls_rerun += is_tag(op) ? 0 : 1;
     dispatch::run_op(op, below, stack);
     return;
   }
+  ++pass_.calls_served;
   OpCache::Served served = cache_->take(op, call, allow_cache_entry_mutation_);
   torch::jit::drop(*stack, op.schema().arguments().size());
   for (auto& output : served.outputs) {
@@ -228,7 +279,7 @@ void CachedMode::intercept(const c10::OperatorHandle& op,
 
 SelectiveCheckpointContexts create_selective_checkpoint_contexts(
     const Policy& policy, bool allow_cache_entry_mutation,
-    std::shared_ptr<CopyTarget> offload_to) {
+    std::shared_ptr<CopyTarget> offload_to, std::shared_ptr<RegionStatistics> statistics) {
   policy.prepare_interception();
   // The caching mode watches these for in-place changes to cached values.
   dispatch::intercept_ops(policy::hidden_alias_ops());
@@ -236,8 +287,9 @@ SelectiveCheckpointContexts create_selective_checkpoint_contexts(
   if (offload_to == nullptr) {
     offload_to = host_memory();
   }
-  return {std::make_shared<CachingMode>(policy, cache, std::move(offload_to)),
-          std::make_shared<CachedMode>(policy, cache, allow_cache_entry_mutation),
+  return {std::make_shared<CachingMode>(policy, cache, std::move(offload_to), statistics),
+          std::make_shared<CachedMode>(policy, cache, allow_cache_entry_mutation,
+                                       std::move(statistics)),
           cache};
 }
 

@@ -29,13 +29,20 @@
 // Random ops: a saved random op draws nothing when it is served, so its
 // generator is set to the state it had right after the op in forward;
 // everything recomputed after it draws the forward's numbers.
+//
+// Statistics (sac/cache/statistics.h): given a RegionStatistics, the caching
+// mode adds its forward's counts when the forward ends, and the cached mode
+// each recomputation's when it ends.
 #pragma once
 
+#include <sac/cache/new_storages.h>
 #include <sac/cache/op_cache.h>
+#include <sac/cache/statistics.h>
 #include <sac/region/context.h>
 #include <sac/dispatch/interceptor.h>
 #include <sac/policy/policy.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -56,13 +63,17 @@ class SelectiveMode : public RegionContext, protected dispatch::OpInterceptor {
   const OpCache& cache() const { return *cache_; }
 
  protected:
-  SelectiveMode(Policy policy, std::shared_ptr<OpCache> cache)
-      : policy_(std::move(policy)), cache_(std::move(cache)) {}
+  SelectiveMode(Policy policy, std::shared_ptr<OpCache> cache,
+                std::shared_ptr<RegionStatistics> statistics)
+      : policy_(std::move(policy)),
+        cache_(std::move(cache)),
+        statistics_(std::move(statistics)) {}
   virtual void on_outermost_enter() {}
   virtual void on_outermost_exit() {}
 
   Policy policy_;
   std::shared_ptr<OpCache> cache_;
+  std::shared_ptr<RegionStatistics> statistics_;  // null: not counting
 
  private:
   std::vector<dispatch::InterceptorToken> entries_;
@@ -70,16 +81,18 @@ class SelectiveMode : public RegionContext, protected dispatch::OpInterceptor {
 
 class CachingMode final : public SelectiveMode {
  public:
-  // Offload answers copy outputs to `offload_to`.
+  // Offload answers copy outputs to `offload_to`. Counts into `statistics`
+  // if not null.
   CachingMode(Policy policy, std::shared_ptr<OpCache> cache,
-              std::shared_ptr<CopyTarget> offload_to);
+              std::shared_ptr<CopyTarget> offload_to,
+              std::shared_ptr<RegionStatistics> statistics = nullptr);
 
  private:
   // Refuses to record a second forward into a cache that holds one; starts
   // the record.
   void on_outermost_enter() override;
-  // Ends the record (see OpCache::end_recording), and moves the outputs
-  // kept into the thread's stash if it has one (sac/region/stash.h).
+  // Ends the record (see OpCache::end_recording), counts it, and moves the
+  // outputs kept into the thread's stash if it has one (sac/region/stash.h).
   void on_outermost_exit() override;
   void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
                  torch::jit::Stack* stack) override;
@@ -89,25 +102,38 @@ class CachingMode final : public SelectiveMode {
   // Warns about the names the policy mentions that this forward never
   // tagged (once per name and process).
   void report_untagged_names() const;
+  // With statistics: adds the bytes of the storages among a decided call's
+  // `outputs` that no earlier decided call returned.
+  void count_bytes(c10::ArrayRef<c10::IValue> outputs);
+  // Adds this forward's counts to the statistics.
+  void add_statistics();
 
   std::shared_ptr<CopyTarget> offload_to_;
   std::unordered_set<std::string> tagged_names_;
+  RegionCounts counts_;  // this forward's, so far
+  NewStorages storages_;  // with statistics: returned by decided calls
+  int64_t output_bytes_ = 0;
 };
 
 class CachedMode final : public SelectiveMode {
  public:
   CachedMode(Policy policy, std::shared_ptr<OpCache> cache,
-             bool allow_cache_entry_mutation);
+             bool allow_cache_entry_mutation,
+             std::shared_ptr<RegionStatistics> statistics = nullptr);
 
  private:
   // Each pass replays from the first call, and starts bringing offloaded
   // outputs back at once.
   void on_outermost_enter() override;
+  // Adds the pass's counts to the statistics.
+  void on_outermost_exit() override;
   void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
                  torch::jit::Stack* stack) override;
 
   bool allow_cache_entry_mutation_;
   std::unordered_map<c10::OperatorHandle, size_t> next_call_;
+  RegionCounts pass_;  // this pass's, so far
+  std::chrono::steady_clock::time_point pass_started_;
 };
 
 // The two modes sharing one cache. Converts to the `RegionContexts` that a
@@ -124,9 +150,11 @@ struct SelectiveCheckpointContexts {
 
 // PyTorch's create_selective_checkpoint_contexts. Also makes sure the ops the
 // policy is asked about are intercepted (per-op kernels are registered now).
-// Offload answers go to `offload_to` (default: host_memory()).
+// Offload answers go to `offload_to` (default: host_memory()). Both modes
+// count into `statistics` if it is not null.
 SelectiveCheckpointContexts create_selective_checkpoint_contexts(
     const Policy& policy, bool allow_cache_entry_mutation = false,
-    std::shared_ptr<CopyTarget> offload_to = nullptr);
+    std::shared_ptr<CopyTarget> offload_to = nullptr,
+    std::shared_ptr<RegionStatistics> statistics = nullptr);
 
 }  // namespace sac

@@ -17,7 +17,7 @@ FrameConfig frame_config(const CheckpointOptions& options) {
 RegionContexts contexts_for(const CheckpointOptions& options) {
   const bool selective_options =
       options.allow_cache_entry_mutation().has_value() ||
-      options.offload_to() != nullptr;
+      options.offload_to() != nullptr || options.statistics() != nullptr;
   if (options.policy().has_value()) {
     TORCH_CHECK(!options.context_fn(),
                 "sac: both a policy and a context_fn were given. "
@@ -26,13 +26,14 @@ RegionContexts contexts_for(const CheckpointOptions& options) {
                 "context_fn to combine them).");
     return create_selective_checkpoint_contexts(
         *options.policy(), options.allow_cache_entry_mutation().value_or(false),
-        options.offload_to());
+        options.offload_to(), options.statistics());
   }
   TORCH_CHECK(!selective_options,
-              "sac: allow_cache_entry_mutation and "
-              "offload_to apply to selective checkpointing, but no "
-              "policy was given. Add .policy(...), or drop those options (with "
-              "a context_fn, pass them to create_selective_checkpoint_contexts).");
+              "sac: allow_cache_entry_mutation, offload_to and statistics apply "
+              "to selective checkpointing, but no policy was given. Add "
+              ".policy(...) (to count a full recomputation, "
+              ".policy(sac::nothing_saveable())), or drop those options (with a "
+              "context_fn, pass them to create_selective_checkpoint_contexts).");
   if (options.context_fn()) {
     return options.context_fn()();
   }

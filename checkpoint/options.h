@@ -2,6 +2,7 @@
 #pragma once
 
 #include <sac/cache/selective_modes.h>
+#include <sac/cache/statistics.h>
 #include <sac/region/context.h>
 #include <sac/policy/policy.h>
 
@@ -86,6 +87,13 @@ class CheckpointOptions {
     offload_to_ = std::move(target);
     return *this;
   }
+  // With policy(): count what the region does with its ops into
+  // `statistics`, after its forward and after each recomputation
+  // (sac/cache/statistics.h). Share one object among regions for their sum.
+  CheckpointOptions& statistics(std::shared_ptr<RegionStatistics> statistics) {
+    statistics_ = std::move(statistics);
+    return *this;
+  }
 
   const std::optional<Policy>& policy() const { return policy_; }
   const ContextFn& context_fn() const { return context_fn_; }
@@ -99,6 +107,7 @@ class CheckpointOptions {
     return allow_cache_entry_mutation_;
   }
   const std::shared_ptr<CopyTarget>& offload_to() const { return offload_to_; }
+  const std::shared_ptr<RegionStatistics>& statistics() const { return statistics_; }
 
  private:
   std::optional<Policy> policy_;
@@ -111,6 +120,7 @@ class CheckpointOptions {
   bool early_stop_ = true;
   std::optional<bool> allow_cache_entry_mutation_;
   std::shared_ptr<CopyTarget> offload_to_;
+  std::shared_ptr<RegionStatistics> statistics_;
 };
 
 }  // namespace sac

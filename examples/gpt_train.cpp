@@ -24,12 +24,13 @@
 #include <sac/nn/apply_activation_checkpointing.h>
 #include <sac/sac.h>
 
+#include "examples/gpt.h"
+#include "examples/gpt_flags.h"
 #include "examples/host_arena.h"
 #include "examples/support.h"
 
 #include <ATen/DeviceAccelerator.h>
 #include <absl/flags/flag.h>
-#include <absl/flags/parse.h>
 #include <absl/flags/usage.h>
 #include <torch/torch.h>
 
@@ -49,12 +50,6 @@ const std::vector<std::string> kDefaultModes = {
 
 }  // namespace
 
-ABSL_FLAG(int64_t, layers, 4, "number of GPT blocks");
-ABSL_FLAG(int64_t, embed, 128, "embedding width");
-ABSL_FLAG(int64_t, heads, 4, "attention heads (must divide --embed)");
-ABSL_FLAG(int64_t, seq, 128, "sequence length");
-ABSL_FLAG(int64_t, batch, 8, "sequences per batch");
-ABSL_FLAG(int64_t, vocab, 512, "vocabulary size");
 ABSL_FLAG(int64_t, steps, 3, "training steps per mode");
 ABSL_FLAG(std::vector<std::string>, modes, kDefaultModes,
           "comma-separated checkpointing modes; `none`, the reference, always runs first");
@@ -64,54 +59,13 @@ ABSL_FLAG(std::string, device, "cpu", "cpu or cuda");
 
 namespace {
 
+using sac_examples::Batch;
+using sac_examples::Config;
 using sac_examples::CountingAllocator;
-using sac_examples::GptBlock;
+using sac_examples::Gpt;
 using sac_examples::GptBlockImpl;
-
-struct Config {
-  int64_t layers, embed, heads, seq, batch, vocab, steps;
-  double dropout = 0.1;
-};
-
-// ---- The model ---------------------------------------------------------------
-
-// A GPT-2 style decoder. It is plain torch::nn code: checkpointing is applied
-// to it from outside. The blocks live in a Sequential because that is where
-// sac::apply_activation_checkpointing can replace them (C++ forwards are not
-// virtual; a Sequential calls its entries type-erased).
-struct GptImpl : torch::nn::Module {
-  explicit GptImpl(const Config& c) {
-    tokens = register_module("tokens", torch::nn::Embedding(c.vocab, c.embed));
-    positions = register_module("positions", torch::nn::Embedding(c.seq, c.embed));
-    for (int64_t i = 0; i < c.layers; ++i) {
-      blocks->push_back(GptBlock(c.embed, c.heads, c.dropout));
-    }
-    register_module("blocks", blocks);
-    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.embed})));
-    head = register_module("head",
-                           torch::nn::Linear(torch::nn::LinearOptions(c.embed, c.vocab).bias(false)));
-  }
-
-  // [B, T] token ids -> [B, T, vocab] logits.
-  at::Tensor forward(const at::Tensor& ids) {
-    const auto where = torch::arange(ids.size(1), ids.options());
-    auto h = tokens->forward(ids) + positions->forward(where);
-    return head->forward(ln_f->forward(blocks->forward(h)));
-  }
-
-  // Mean cross-entropy of predicting `targets` from `inputs`.
-  at::Tensor loss(const at::Tensor& inputs, const at::Tensor& targets) {
-    auto logits = forward(inputs);
-    return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
-                                                targets.reshape({-1}));
-  }
-
-  torch::nn::Embedding tokens{nullptr}, positions{nullptr};
-  torch::nn::Sequential blocks;
-  torch::nn::LayerNorm ln_f{nullptr};
-  torch::nn::Linear head{nullptr};
-};
-TORCH_MODULE(Gpt);
+using sac_examples::save_matmuls_and_attention;
+using sac_examples::synthetic_batch;
 
 // ---- Modes -------------------------------------------------------------------
 
@@ -134,23 +88,6 @@ std::function<void(Gpt&, const Config&)> checkpoint_blocks(sac::CheckpointOption
         model->blocks, sac::modules_of_type<GptBlockImpl>(), options);
     TORCH_CHECK(wrapped == c.layers, "wrapped ", wrapped, " blocks, expected ", c.layers);
   };
-}
-
-// GptBlock's linears run as aten::addmm, and its attention as one of these,
-// depending on the device and dtype. save_ops resolves names against the
-// dispatcher, where every aten op is registered whatever the build, so one
-// list serves CPU and CUDA; the names that never run cost nothing.
-const std::vector<std::string> kAttentionOps = {
-    "aten::_scaled_dot_product_flash_attention_for_cpu",  // CPU
-    "aten::_scaled_dot_product_efficient_attention",      // CUDA, float32
-    "aten::_scaled_dot_product_flash_attention",          // CUDA, half types
-    "aten::_scaled_dot_product_cudnn_attention",          // CUDA, cuDNN
-};
-
-sac::Policy save_matmuls_and_attention() {
-  std::vector<std::string> ops = {"aten::addmm"};
-  ops.insert(ops.end(), kAttentionOps.begin(), kAttentionOps.end());
-  return sac::Policy::save_ops(ops);
 }
 
 // A callback policy: saves every other matmul, recomputes the rest. The
@@ -255,18 +192,6 @@ struct Run {
   std::vector<std::pair<std::string, at::Tensor>> first_gradients;  // by parameter name
 };
 
-struct Batch {
-  at::Tensor inputs, targets;
-};
-
-// One fixed batch of random tokens: the model learns to predict the next one.
-Batch synthetic_batch(const Config& c, const torch::Device& device) {
-  torch::manual_seed(1);
-  const auto ids = torch::randint(c.vocab, {c.batch, c.seq + 1}).to(device);
-  using torch::indexing::Slice;
-  return {ids.index({Slice(), Slice(0, -1)}), ids.index({Slice(), Slice(1, torch::indexing::None)})};
-}
-
 std::vector<std::pair<std::string, at::Tensor>> named_gradients(Gpt& model) {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const auto& p : model->named_parameters()) out.emplace_back(p.key(), p.value().grad());
@@ -344,16 +269,6 @@ bool identical(const Run& run, const Run& reference) {
 
 // ---- Command line ------------------------------------------------------------
 
-Config config_from_flags() {
-  Config c{absl::GetFlag(FLAGS_layers), absl::GetFlag(FLAGS_embed), absl::GetFlag(FLAGS_heads),
-           absl::GetFlag(FLAGS_seq),    absl::GetFlag(FLAGS_batch), absl::GetFlag(FLAGS_vocab),
-           absl::GetFlag(FLAGS_steps)};
-  for (int64_t v : {c.layers, c.embed, c.heads, c.seq, c.batch, c.vocab, c.steps}) {
-    if (v <= 0) throw std::invalid_argument("every size flag must be positive");
-  }
-  if (c.embed % c.heads != 0) throw std::invalid_argument("--heads must divide --embed");
-  return c;
-}
 
 torch::Device device_from_flag() {
   const std::string name = absl::GetFlag(FLAGS_device);
@@ -391,11 +306,8 @@ std::string mib(int64_t bytes) {
 
 int run_all(int argc, char** argv) {
   absl::SetProgramUsageMessage("trains a small GPT under each sac checkpointing mode");
-  const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
-  if (positional.size() > 1) {
-    throw std::invalid_argument(std::string("unexpected argument '") + positional[1] + "'");
-  }
-  const Config c = config_from_flags();
+  sac_examples::parse_flags(argc, argv);
+  const Config c = sac_examples::config_from_flags(absl::GetFlag(FLAGS_steps));
   const torch::Device device = device_from_flag();
   choose_dispatch();
   const std::vector<Mode> modes = chosen_modes(absl::GetFlag(FLAGS_modes), device);
@@ -437,12 +349,5 @@ int run_all(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run_all(argc, argv);
-  } catch (const c10::Error& e) {
-    std::fprintf(stderr, "\ngpt_train: %s\n", e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "\ngpt_train: %s\n", e.what());
-  }
-  return 2;
+  return sac_examples::main_reporting_errors("gpt_train", run_all, argc, argv);
 }

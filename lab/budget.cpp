@@ -1,32 +1,40 @@
 #include <sac/lab/budget.h>
 
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <utility>
 
 namespace sac {
 namespace {
 
-// MustSave for the chosen (op, call) pairs.
+// Its answer for each chosen (op, call) pair: MustSave or MustCpuOffload.
 class ChosenCallsRule final : public Policy::Rule {
  public:
-  ChosenCallsRule(std::vector<std::pair<c10::OperatorHandle, size_t>> chosen, std::string description)
+  struct Chosen {
+    c10::OperatorHandle op;
+    size_t call;
+    CheckpointPolicy answer;
+  };
+
+  ChosenCallsRule(std::vector<Chosen> chosen, std::string description)
       : chosen_(std::move(chosen)), description_(std::move(description)) {
-    for (const auto& [op, call] : chosen_) {
-      if (std::find(ops_.begin(), ops_.end(), op) == ops_.end()) {
-        ops_.push_back(op);
+    for (const auto& c : chosen_) {
+      if (std::find(ops_.begin(), ops_.end(), c.op) == ops_.end()) {
+        ops_.push_back(c.op);
       }
     }
   }
   CheckpointPolicy decide(const SelectiveCheckpointContext& ctx, const c10::OperatorHandle& op,
                           c10::ArrayRef<c10::IValue>) const override {
-    for (const auto& [chosen_op, call] : chosen_) {
-      if (call == ctx.call && chosen_op == op) {
-        return CheckpointPolicy::MustSave;
+    for (const auto& c : chosen_) {
+      if (c.call == ctx.call && c.op == op) {
+        return c.answer;
       }
     }
     return CheckpointPolicy::PreferRecompute;
@@ -35,10 +43,27 @@ class ChosenCallsRule final : public Policy::Rule {
   std::string describe() const override { return description_; }
 
  private:
-  std::vector<std::pair<c10::OperatorHandle, size_t>> chosen_;
+  std::vector<Chosen> chosen_;
   std::vector<c10::OperatorHandle> ops_;
   std::string description_;
 };
+
+// What leaving `call` off its device costs: its recomputation, or its trip
+// to host memory and back if that is cheaper.
+struct LeftOut {
+  double seconds;
+  bool offloaded;
+};
+
+LeftOut left_out(const OpCallProfile& call, const std::optional<OffloadCost>& offload) {
+  if (offload.has_value() && call.device.type() != c10::kCPU) {
+    const double trip = static_cast<double>(call.output_bytes) / offload->bytes_per_second;
+    if (trip < call.seconds) {
+      return {trip, true};
+    }
+  }
+  return {call.seconds, false};
+}
 
 }  // namespace
 
@@ -58,18 +83,44 @@ int64_t Budget::resolve(int64_t everything) const {
                      : static_cast<int64_t>(std::floor(fraction_ * static_cast<double>(everything)));
 }
 
-BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget budget) {
+double measure_offload_bandwidth(c10::Device device, int64_t bytes) {
+  TORCH_CHECK(device.type() != c10::kCPU,
+              "sac::measure_offload_bandwidth: offload moves an accelerator's tensors to "
+              "host memory, but the device given is the CPU (host_memory() leaves CPU "
+              "tensors where they are). Pass the accelerator the model runs on.");
+  TORCH_CHECK(bytes > 0, "sac::measure_offload_bandwidth: bytes must be positive; got ",
+              bytes, ".");
+  const at::Tensor on_device = at::empty({bytes}, at::TensorOptions(at::kByte).device(device));
+  const at::Tensor host = at::empty({bytes}, at::TensorOptions(at::kByte).pinned_memory(true));
+  double best = std::numeric_limits<double>::infinity();
+  for (int trial = 0; trial < 4; ++trial) {  // the first warms up
+    const auto start = std::chrono::steady_clock::now();
+    host.copy_(on_device, /*non_blocking=*/false);
+    on_device.copy_(host, /*non_blocking=*/false);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    best = trial == 0 ? best : std::min(best, seconds);
+  }
+  return static_cast<double>(bytes) / best;
+}
+
+BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget budget,
+                           std::optional<OffloadCost> offload) {
+  TORCH_CHECK(!offload.has_value() || offload->bytes_per_second > 0,
+              "sac::budgeted_plan: an offload bandwidth must be positive; got ",
+              offload->bytes_per_second, " bytes per second (measure it with "
+              "sac::measure_offload_bandwidth).");
   std::vector<lab::Item> items;
   std::vector<std::pair<size_t, const OpCallProfile*>> where;  // (profile, call) per item
   int64_t everything = 0;
-  double recompute_all = 0;  // every call runs again unless kept
+  double recompute_all = 0;  // every call runs again unless kept or offloaded
   for (size_t p = 0; p < profiles.size(); ++p) {
     for (const auto& call : profiles[p].calls()) {
       recompute_all += call.seconds;
       if (!call.keepable()) {
         continue;
       }
-      items.push_back({call.output_bytes, call.seconds});
+      items.push_back({call.output_bytes, left_out(call, offload).seconds});
       where.emplace_back(p, &call);
       everything += call.output_bytes;
     }
@@ -81,20 +132,36 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
   plan.solver_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   plan.kept_bytes = plan.choice.weight;
-  plan.recompute_seconds = recompute_all - plan.choice.value;
-  std::vector<std::vector<std::pair<c10::OperatorHandle, size_t>>> chosen(profiles.size());
+  std::vector<bool> kept(items.size(), false);
   for (const size_t i : plan.choice.chosen) {
-    chosen[where[i].first].emplace_back(where[i].second->op, where[i].second->call);
+    kept[i] = true;
+  }
+  std::vector<std::vector<ChosenCallsRule::Chosen>> chosen(profiles.size());
+  plan.recompute_seconds = recompute_all;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const auto& [p, call] = where[i];
+    const LeftOut cost = left_out(*call, offload);
+    if (kept[i]) {
+      chosen[p].push_back({call->op, call->call, CheckpointPolicy::MustSave});
+      plan.recompute_seconds -= call->seconds;
+    } else if (cost.offloaded) {
+      chosen[p].push_back({call->op, call->call, CheckpointPolicy::MustCpuOffload});
+      plan.recompute_seconds -= call->seconds;
+      plan.offloaded_bytes += call->output_bytes;
+      plan.offload_seconds += cost.seconds;
+    }
   }
   for (size_t p = 0; p < profiles.size(); ++p) {
     plan.policies.emplace_back(std::make_shared<ChosenCallsRule>(
-        std::move(chosen[p]), "budgeted(" + std::to_string(plan.budget_bytes) + " bytes)"));
+        std::move(chosen[p]), "budgeted(" + std::to_string(plan.budget_bytes) + " bytes" +
+                                  (offload.has_value() ? ", offload" : "") + ")"));
   }
   return plan;
 }
 
-Policy budgeted_policy(const RegionProfile& profile, Budget budget) {
-  return budgeted_plan({profile}, budget).policies.front();
+Policy budgeted_policy(const RegionProfile& profile, Budget budget,
+                       std::optional<OffloadCost> offload) {
+  return budgeted_plan({profile}, budget, offload).policies.front();
 }
 
 }  // namespace sac

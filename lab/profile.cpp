@@ -1,5 +1,6 @@
 #include <sac/lab/profile.h>
 
+#include <sac/cache/new_storages.h>
 #include <sac/dispatch/boxed.h>
 #include <sac/dispatch/interceptor.h>
 #include <sac/policy/op_traits.h>
@@ -7,15 +8,14 @@
 
 #include <c10/core/StorageImpl.h>
 #include <c10/util/Exception.h>
-#include <c10/util/intrusive_ptr.h>
 
 #include <algorithm>
 #include <chrono>
 #include <iomanip>
 #include <ostream>
+#include <optional>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 
 namespace sac {
 namespace {
@@ -27,11 +27,23 @@ bool is_collective(const c10::OperatorHandle& op) {
   return name.rfind("_c10d_functional::", 0) == 0 || name.rfind("c10d::", 0) == 0;
 }
 
+c10::Device first_device(c10::ArrayRef<c10::IValue> outputs) {
+  std::optional<c10::Device> device;
+  for (const auto& output : outputs) {
+    dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
+      if (!device.has_value() && t.defined()) {
+        device = t.device();
+      }
+    });
+  }
+  return device.value_or(c10::kCPU);
+}
+
 class Profiler final : public dispatch::OpObserver {
  public:
   void before_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> args) override {
     for (const auto& arg : args) {
-      dispatch::for_each_tensor(arg, [&](const at::Tensor& t) { seen(t); });
+      dispatch::for_each_tensor(arg, [&](const at::Tensor& t) { storages_.meet(t); });
     }
     started_ = Clock::now();
   }
@@ -43,11 +55,10 @@ class Profiler final : public dispatch::OpObserver {
     record.seconds = seconds;
     for (const auto& output : outputs) {
       dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
-        if (t.has_storage() && seen(t)) {
-          record.output_bytes += static_cast<int64_t>(t.storage().nbytes());
-        }
+        record.output_bytes += storages_.meet(t);
       });
     }
+    record.device = first_device(outputs);
     record.view = policy::is_view(call.op);
     record.in_place = call.op.schema().is_mutable();
     record.random = policy::is_random(call.op);
@@ -86,20 +97,6 @@ class Profiler final : public dispatch::OpObserver {
   std::vector<OpCallProfile> records;
 
  private:
-  // Remembers `t`'s storage; true if it was new. The pins keep a freed
-  // storage's address from being taken for a new one.
-  bool seen(const at::Tensor& t) {
-    if (!t.has_storage()) {
-      return false;
-    }
-    c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-    if (!storages_.insert(storage).second) {
-      return false;
-    }
-    pins_.emplace_back(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage));
-    return true;
-  }
-
   // Per storage an op returned a tensor on: the version counters of those
   // tensors since then, and the cacheable calls that returned it.
   struct StorageWatch {
@@ -108,8 +105,7 @@ class Profiler final : public dispatch::OpObserver {
   };
   std::unordered_map<const c10::StorageImpl*, StorageWatch> watches_;
   std::unordered_map<c10::OperatorHandle, size_t> calls_of_;
-  std::unordered_set<const c10::StorageImpl*> storages_;
-  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> pins_;
+  NewStorages storages_;
   Clock::time_point started_;
 };
 
@@ -174,12 +170,14 @@ void RegionProfile::print(std::ostream& out, SortBy sort, size_t limit) const {
 }
 
 void RegionProfile::write_csv(std::ostream& out) const {
-  out << "op,call,output_bytes,seconds,cacheable,modified_later,view,in_place,random,collective\n";
+  out << "op,call,output_bytes,seconds,cacheable,modified_later,view,in_place,random,collective,"
+         "device\n";
   for (const auto& c : calls_) {
     out << c10::toString(c.op.operator_name()) << "," << c.call << "," << c.output_bytes << ","
         << std::scientific << std::setprecision(6) << c.seconds << "," << c.cacheable << ","
         << c.modified_later << ","
-        << c.view << "," << c.in_place << "," << c.random << "," << c.collective << "\n";
+        << c.view << "," << c.in_place << "," << c.random << "," << c.collective << ","
+        << c.device << "\n";
   }
 }
 

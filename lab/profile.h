@@ -20,6 +20,7 @@
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <functional>
@@ -43,6 +44,9 @@ struct OpCallProfile {
   bool random = false;      // it draws from a generator
   bool collective = false;  // a c10d collective
   bool cacheable = false;   // a policy is asked about it
+  // Where its first tensor output lives: an accelerator's outputs can be
+  // offloaded (sac/lab/budget.h).
+  c10::Device device = c10::kCPU;
   // An output was modified in place later in the region (LibTorch's
   // nn::Linear adds its bias in place on 3-D input): sac would demote the
   // call to recomputation, so saving it keeps nothing.

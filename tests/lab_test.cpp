@@ -9,6 +9,8 @@
 
 #include <torch/csrc/autograd/profiler_legacy.h>
 
+#include <cmath>
+#include <limits>
 #include <random>
 #include <sstream>
 
@@ -148,6 +150,76 @@ TEST_F(Lab, BudgetedPolicyKeepsWhatItPredictsWithinItsBudget) {
     EXPECT_EQ(out.kept - none.kept, plan.kept_bytes);
     expect_bit_identical(expected, out.grads);
   }
+}
+
+// Offload as a third choice, on synthetic profiles of calls on an
+// accelerator and on the CPU: the plan's total cost (recomputed time plus
+// trips to host memory) is the least any keep/offload/recompute assignment
+// within the budget reaches (brute force), its policy answers as planned,
+// and CPU calls are never offloaded.
+TEST_F(Lab, OffloadIsAChoiceForAcceleratorCalls) {
+  const c10::OperatorHandle mm = c10::Dispatcher::singleton().findSchemaOrThrow("aten::mm", "");
+  std::mt19937_64 rng(5);
+  for (int trial = 0; trial < 200; ++trial) {
+    const size_t n = 1 + rng() % 8;
+    std::vector<sac::OpCallProfile> calls;
+    int64_t total = 0;
+    for (size_t i = 0; i < n; ++i) {
+      sac::OpCallProfile c{mm};
+      c.call = i;
+      c.cacheable = true;
+      c.output_bytes = 1 + static_cast<int64_t>(rng() % 1000);
+      c.seconds = static_cast<double>(rng() % 1000) * 1e-6;
+      c.device = rng() % 3 == 0 ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, 0);
+      total += c.output_bytes;
+      calls.push_back(c);
+    }
+    const sac::OffloadCost offload{static_cast<double>(1 + rng() % 4) * 1e6};
+    const int64_t budget = static_cast<int64_t>(rng() % (total + 1));
+    double best = std::numeric_limits<double>::infinity();
+    std::vector<int> choice(n, 0);  // 0 recompute, 1 keep, 2 offload
+    for (size_t code = 0; code < static_cast<size_t>(std::pow(3, n)); ++code) {
+      size_t rest = code;
+      int64_t kept = 0;
+      double cost = 0;
+      bool valid = true;
+      for (size_t i = 0; i < n; ++i, rest /= 3) {
+        const int c = static_cast<int>(rest % 3);
+        if (c == 1) {
+          kept += calls[i].output_bytes;
+        } else if (c == 2) {
+          valid = valid && calls[i].device.type() != c10::kCPU;
+          cost += static_cast<double>(calls[i].output_bytes) / offload.bytes_per_second;
+        } else {
+          cost += calls[i].seconds;
+        }
+      }
+      if (valid && kept <= budget) {
+        best = std::min(best, cost);
+      }
+    }
+    const auto plan =
+        sac::budgeted_plan({sac::RegionProfile(calls)}, sac::Budget::bytes(budget), offload);
+    ASSERT_TRUE(plan.choice.exact);
+    EXPECT_LE(plan.kept_bytes, budget);
+    EXPECT_NEAR(plan.recompute_seconds + plan.offload_seconds, best, 1e-12) << "trial " << trial;
+    int64_t kept = 0, offloaded = 0;
+    for (const auto& c : calls) {
+      sac::SelectiveCheckpointContext ctx;
+      ctx.call = c.call;
+      const sac::CheckpointPolicy answer = plan.policies[0].decide(ctx, mm, {});
+      kept += sac::is_save(answer) ? c.output_bytes : 0;
+      offloaded += sac::is_offload(answer) ? c.output_bytes : 0;
+      if (c.device.type() == c10::kCPU) {
+        EXPECT_FALSE(sac::is_offload(answer));
+      }
+    }
+    EXPECT_EQ(kept, plan.kept_bytes);
+    EXPECT_EQ(offloaded, plan.offloaded_bytes);
+  }
+  const std::string message =
+      sac_test::error_of([] { sac::measure_offload_bandwidth(c10::kCPU); });
+  EXPECT_NE(message.find("accelerator"), std::string::npos) << message;
 }
 
 // A model's worth of items (twelve profiled blocks, times as measured) is
