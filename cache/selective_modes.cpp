@@ -260,7 +260,9 @@ void CachedMode::intercept(const c10::OperatorHandle& op,
   }
   const size_t call = next_call_[op]++;
   if (!cache_->cached(op, call)) {
-    pass_.calls_rerun += is_tag(op) ? 0 : 1;
+    if (statistics_ != nullptr && !is_tag(op)) {
+      ++pass_.calls_rerun;
+    }
     dispatch::run_op(op, below, stack);
     return;
   }

@@ -112,6 +112,7 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
               "sac::measure_offload_bandwidth).");
   std::vector<lab::Item> items;
   std::vector<std::pair<size_t, const OpCallProfile*>> where;  // (profile, call) per item
+  std::vector<LeftOut> left;  // per item
   int64_t everything = 0;
   double recompute_all = 0;  // every call runs again unless kept or offloaded
   for (size_t p = 0; p < profiles.size(); ++p) {
@@ -120,7 +121,8 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
       if (!call.keepable()) {
         continue;
       }
-      items.push_back({call.output_bytes, left_out(call, offload).seconds});
+      left.push_back(left_out(call, offload));
+      items.push_back({call.output_bytes, left.back().seconds});
       where.emplace_back(p, &call);
       everything += call.output_bytes;
     }
@@ -140,15 +142,14 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
   plan.recompute_seconds = recompute_all;
   for (size_t i = 0; i < items.size(); ++i) {
     const auto& [p, call] = where[i];
-    const LeftOut cost = left_out(*call, offload);
     if (kept[i]) {
       chosen[p].push_back({call->op, call->call, CheckpointPolicy::MustSave});
       plan.recompute_seconds -= call->seconds;
-    } else if (cost.offloaded) {
+    } else if (left[i].offloaded) {
       chosen[p].push_back({call->op, call->call, CheckpointPolicy::MustCpuOffload});
       plan.recompute_seconds -= call->seconds;
       plan.offloaded_bytes += call->output_bytes;
-      plan.offload_seconds += cost.seconds;
+      plan.offload_seconds += left[i].seconds;
     }
   }
   for (size_t p = 0; p < profiles.size(); ++p) {

@@ -22,11 +22,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-bool is_collective(const c10::OperatorHandle& op) {
-  const std::string& name = op.schema().name();
-  return name.rfind("_c10d_functional::", 0) == 0 || name.rfind("c10d::", 0) == 0;
-}
-
 c10::Device first_device(c10::ArrayRef<c10::IValue> outputs) {
   std::optional<c10::Device> device;
   for (const auto& output : outputs) {
@@ -62,7 +57,7 @@ class Profiler final : public dispatch::OpObserver {
     record.view = policy::is_view(call.op);
     record.in_place = call.op.schema().is_mutable();
     record.random = policy::is_random(call.op);
-    record.collective = is_collective(call.op);
+    record.collective = policy::is_collective(call.op);
     record.cacheable = policy::is_cacheable(call.op);
     for (const auto& output : outputs) {
       dispatch::for_each_tensor(output, [&](const at::Tensor& t) {

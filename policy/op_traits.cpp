@@ -5,6 +5,7 @@
 #include <ATen/core/enum_tag.h>
 
 #include <array>
+#include <string>
 #include <unordered_map>
 
 namespace sac::policy {
@@ -86,6 +87,11 @@ bool is_view(const c10::OperatorHandle& op) {
 
 bool is_random(const c10::OperatorHandle& op) {
   return op.hasTag(at::Tag::nondeterministic_seeded);
+}
+
+bool is_collective(const c10::OperatorHandle& op) {
+  const std::string& name = op.operator_name().name;
+  return name.rfind("c10d::", 0) == 0 || name.rfind("_c10d_functional::", 0) == 0;
 }
 
 std::optional<std::string> why_never_cached(const c10::OperatorHandle& op) {

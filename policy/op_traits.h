@@ -38,6 +38,10 @@ bool is_view(const c10::OperatorHandle& op);
 // True for ops that draw from a random generator (tag nondeterministic_seeded).
 bool is_random(const c10::OperatorHandle& op);
 
+// True for c10d's collectives (c10d:: and _c10d_functional::): running one
+// again communicates again.
+bool is_collective(const c10::OperatorHandle& op);
+
 // Ops whose schema says "functional" but whose output shares its input's
 // storage with a version counter of its own (aten::_unsafe_view). A cache
 // must see them to notice in-place changes made through their outputs.

@@ -1,20 +1,16 @@
 #include <sac/record/recorder.h>
 
 #include <sac/dispatch/boxed.h>
+#include <sac/policy/op_traits.h>
 
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/Exception.h>
 
 #include <mutex>
-#include <string_view>
 #include <unordered_set>
 
 namespace sac::record {
 namespace {
-
-bool starts_with(std::string_view s, std::string_view prefix) {
-  return s.substr(0, prefix.size()) == prefix;
-}
 
 // Ops that return fresh, uninitialized memory.
 bool makes_uninitialized_memory(const c10::OperatorHandle& op) {
@@ -49,7 +45,7 @@ bool reads_argument(const c10::OperatorHandle& op, size_t index) {
 
 void refuse_unreplayable(const c10::OperatorHandle& op) {
   const std::string& name = op.operator_name().name;
-  TORCH_CHECK(!starts_with(name, "c10d::") && !starts_with(name, "_c10d_functional::"),
+  TORCH_CHECK(!policy::is_collective(op),
               "sac::CheckpointRegion: the region calls the collective ", name,
               ", which replaying it in backward would run a second time (a "
               "second communication that the other ranks do not make). Run "
