@@ -4,9 +4,12 @@
 //   SAC_DISPATCH=per_op valgrind --tool=callgrind --collect-atstart=no \
 //     --toggle-collect='*measured_loop*' --callgrind-out-file=/dev/null \
 //     build/benchmarks/per_op_instructions VARIANT
-// VARIANT: no_sac | idle | listed | unlisted | callback. benchmarks/run.sh
+// VARIANT: no_sac | floor | idle | unlisted | listed | callback | replay
+// (benchmarks/per_op_cost.cpp says what each is). benchmarks/side_by_side.py
 // runs them all and divides by the number of calls.
 #include <sac/sac.h>
+
+#include "benchmarks/floor.h"
 
 #include <torch/torch.h>
 
@@ -25,20 +28,23 @@ extern "C" __attribute__((noinline)) void measured_loop(const at::Tensor& a, con
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    std::fprintf(stderr, "usage: %s no_sac|idle|listed|unlisted|callback\n", argv[0]);
+    std::fprintf(stderr, "usage: %s no_sac|floor|idle|unlisted|listed|callback|replay\n", argv[0]);
     return 2;
   }
   const std::string variant = argv[1];
   auto a = torch::ones({1}), b = torch::ones({1});
+  // The floor goes first: asking sac anything chooses its mechanism.
+  std::optional<sac_benchmarks::Floor> floor;
+  if (variant == "floor") floor.emplace(c10::OperatorName{"aten::mul", "Tensor"});
   std::optional<sac::Policy> policy;
-  if (variant == "idle" || variant == "listed") {
+  if (variant == "idle" || variant == "listed" || variant == "replay") {
     policy = sac::Policy::save_ops({"aten::mul.Tensor"});
   } else if (variant == "unlisted") {
     policy = sac::Policy::save_ops({"aten::mm"});
   } else if (variant == "callback") {
     policy = sac::Policy::from_fn([](const sac::SelectiveCheckpointContext&, const c10::OperatorHandle&,
                                      c10::ArrayRef<c10::IValue>) { return false; });
-  } else if (variant != "no_sac") {
+  } else if (variant != "no_sac" && variant != "floor") {
     std::fprintf(stderr, "unknown variant %s\n", argv[1]);
     return 2;
   }
@@ -46,15 +52,25 @@ int main(int argc, char** argv) {
   if (policy) {
     modes = sac::create_selective_checkpoint_contexts(*policy);
   }
+  // Replay: the caching mode saves the warm-up and measured calls, and the
+  // cached mode serves them; its first 10 are the warm-up.
+  constexpr int kWarmUp = 10;
+  if (variant == "replay") {
+    sac::ContextScope caching(modes->caching.get());
+    for (int i = 0; i < kWarmUp + kCalls; ++i) at::mul(a, b);
+  }
   std::optional<sac::ContextScope> active;
   if (modes && variant != "idle") {
-    active.emplace(modes->caching.get());
+    active.emplace(variant == "replay" ? static_cast<sac::RegionContext*>(modes->cached.get())
+                                       : modes->caching.get());
   }
-  for (int i = 0; i < 10; ++i) {
+  for (int i = 0; i < kWarmUp; ++i) {
     at::mul(a, b);  // warm up: first-call initialisation is not measured
   }
   measured_loop(a, b);
+  active.reset();
   std::printf("%s: %d calls measured (dispatch: %s)\n", variant.c_str(), kCalls,
-              std::string(sac::dispatch::to_string(sac::dispatch::mechanism())).c_str());
+              floor ? "floor, sac unused"
+                    : std::string(sac::dispatch::to_string(sac::dispatch::mechanism())).c_str());
   return 0;
 }

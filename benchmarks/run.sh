@@ -1,29 +1,42 @@
 #!/usr/bin/env bash
-# Per-op cost of sac, both ways: instructions per op call (callgrind,
-# deterministic) and ns per op call (Google Benchmark, minimum over
-# repetitions; noisy on shared machines); then a region guard's replay
-# against sac::checkpoint's function rerun on a GPT stack. Builds what it
-# needs.
-#   bash benchmarks/run.sh
+# Every benchmark table and the plot of BENCHMARKS.md, sac side by side with
+# PyTorch's own SAC, from a fresh machine:
+#   bash benchmarks/run.sh [benchmarks/side_by_side.py flags]
+# Installs and builds what it needs (Google Benchmark, valgrind for the
+# instruction counts), then, pinned to one CPU core with one intra-op thread
+# on both sides:
+#   * benchmarks/side_by_side.py: per-op cost under both mechanisms with the
+#     floor; the step benchmark on the small, medium and large GPT against
+#     torch.utils.checkpoint; the plot;
+#   * the same step benchmark on CUDA, fp32 and bf16 autocast, when this
+#     machine's torch sees a GPU (skipped, and said so, otherwise);
+#   * a region guard's replay against sac::checkpoint's function rerun.
+# Output: ${SAC_BENCHMARKS_OUT:-benchmarks_out}/ (side_by_side.md has every
+# table; per_op.csv, steps.csv, frontier.png).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash .ci/install
 command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y -qq valgrind >/dev/null; }
 bash .ci/build -DSAC_BUILD_BENCHMARKS=ON
-bin=${SAC_BUILD_DIR:-build}/benchmarks
-for mechanism in per_op fallback; do
-  echo "== SAC_DISPATCH=$mechanism: instructions per aten::mul call"
-  for variant in no_sac idle listed unlisted callback; do
-    total=$(SAC_DISPATCH=$mechanism valgrind --tool=callgrind --collect-atstart=no \
-      --toggle-collect='*measured_loop*' --callgrind-out-file=/dev/null \
-      "$bin/per_op_instructions" "$variant" 2>&1 | sed -n 's/.*Collected : \([0-9]*\).*/\1/p')
-    printf '  %-9s %8d\n' "$variant" $((total / 1000))
+build=${SAC_BUILD_DIR:-build}
+out=${SAC_BENCHMARKS_OUT:-benchmarks_out}
+mkdir -p "$out"
+# The last core: the one least likely to be serving the shell.
+core=$(($(nproc) - 1))
+pinned=(taskset -c "$core")
+echo "== pinned to CPU $core, 1 intra-op thread per side"
+"${pinned[@]}" python3 benchmarks/side_by_side.py --build "$build" --out "$out" "$@"
+
+if python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+  for autocast in none bf16; do
+    echo "== CUDA, autocast $autocast"
+    python3 benchmarks/side_by_side.py --build "$build" --device cuda --autocast "$autocast" \
+      --no-per-op --out "$out/cuda_$autocast" "$@"
   done
-done
-for mechanism in per_op fallback; do
-  echo "== SAC_DISPATCH=$mechanism: ns per aten::mul call (min of 15 repetitions; batch rows are per 4096 calls)"
-  SAC_DISPATCH=$mechanism "$bin/per_op_cost" --benchmark_repetitions=15 \
-    --benchmark_report_aggregates_only=true 2>&1 | grep -E '_min'
-done
+else
+  echo "== CUDA: skipped: this machine's torch sees no GPU (torch.cuda.is_available() is False)" \
+    | tee "$out/cuda_skipped.txt"
+fi
+
 echo "== region replay against function rerun (SAC_DISPATCH=fallback)"
-SAC_DISPATCH=fallback "$bin/region_replay" 4 10
+SAC_DISPATCH=fallback "${pinned[@]}" "$build/benchmarks/region_replay" 4 10 | tee "$out/region_replay.txt"

@@ -348,6 +348,10 @@ std::string_view to_string(Mechanism mechanism) {
   return "unknown";
 }
 
+c10::DispatchKey interception_key(Mechanism mechanism) {
+  return mechanism == Mechanism::FallbackKey ? kFallbackKey : kPerOpKey;
+}
+
 void set_mechanism(std::optional<Mechanism> mechanism) {
   Registry::get().set(mechanism);
 }

@@ -50,6 +50,11 @@ enum class Mechanism {
 
 std::string_view to_string(Mechanism mechanism);
 
+// The dispatch key where `mechanism` places sac's kernel. A do-nothing kernel
+// on the same key is the floor that any interception there pays
+// (benchmarks/floor.h).
+c10::DispatchKey interception_key(Mechanism mechanism);
+
 // Selects the mechanism for this process. `std::nullopt` means automatic.
 // Throws if a different mechanism is already in use (interception happened),
 // or if `FallbackKey` is asked for but the key is taken.

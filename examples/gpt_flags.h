@@ -5,6 +5,8 @@
 
 #include "examples/gpt.h"
 
+#include <sac/dispatch/interceptor.h>
+
 #include <absl/flags/flag.h>
 #include <absl/flags/parse.h>
 
@@ -44,6 +46,31 @@ inline Config config_from_flags(int64_t steps, std::vector<int64_t> also_positiv
   }
   if (c.embed % c.heads != 0) throw std::invalid_argument("--heads must divide --embed");
   return c;
+}
+
+// The device a --device flag names: cpu, or cuda (device 0) if available.
+inline torch::Device device_named(const std::string& name) {
+  if (name == "cpu") return torch::Device(torch::kCPU);
+  if (name == "cuda") {
+    if (!torch::cuda::is_available()) {
+      throw std::invalid_argument("--device=cuda, but CUDA is not available to this LibTorch");
+    }
+    return torch::Device(torch::kCUDA, 0);
+  }
+  throw std::invalid_argument("--device must be cpu or cuda, not '" + name + "'");
+}
+
+// Applies a --dispatch flag. sac chooses its dispatch mechanism once per
+// process, on first use; so this runs before anything else touches sac.
+// `default` leaves the choice to sac: SAC_DISPATCH, else automatic.
+inline void choose_dispatch(const std::string& name) {
+  if (name == "per_op") {
+    sac::dispatch::set_mechanism(sac::dispatch::Mechanism::PerOpKernels);
+  } else if (name == "fallback") {
+    sac::dispatch::set_mechanism(sac::dispatch::Mechanism::FallbackKey);
+  } else if (name != "default") {
+    throw std::invalid_argument("--dispatch must be per_op, fallback or default, not '" + name + "'");
+  }
 }
 
 // Runs `program`: its exit status, or 2 with the error's message.

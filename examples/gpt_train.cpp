@@ -27,9 +27,9 @@
 #include "examples/gpt.h"
 #include "examples/gpt_flags.h"
 #include "examples/host_arena.h"
+#include "examples/memory_meter.h"
 #include "examples/support.h"
 
-#include <ATen/DeviceAccelerator.h>
 #include <absl/flags/flag.h>
 #include <absl/flags/usage.h>
 #include <torch/torch.h>
@@ -61,9 +61,9 @@ namespace {
 
 using sac_examples::Batch;
 using sac_examples::Config;
-using sac_examples::CountingAllocator;
 using sac_examples::Gpt;
 using sac_examples::GptBlockImpl;
+using sac_examples::MemoryMeter;
 using sac_examples::save_matmuls_and_attention;
 using sac_examples::synthetic_batch;
 
@@ -154,35 +154,6 @@ std::vector<Mode> chosen_modes(const std::vector<std::string>& names, const torc
 
 // ---- Measuring ---------------------------------------------------------------
 
-// Bytes allocated on the training device, live and peak: exact on CPU (the
-// counting allocator), the caching allocator's statistics on CUDA.
-class MemoryMeter {
- public:
-  explicit MemoryMeter(const torch::Device& device) : device_(device) {
-    if (device_.is_cpu()) CountingAllocator::install();
-  }
-  int64_t live() const {
-    return device_.is_cpu() ? CountingAllocator::live_bytes() : device_bytes().current;
-  }
-  int64_t peak() const {
-    return device_.is_cpu() ? CountingAllocator::peak_bytes() : device_bytes().peak;
-  }
-  void reset_peak() {
-    if (device_.is_cpu()) {
-      CountingAllocator::reset_peak();
-    } else {
-      at::accelerator::resetPeakStats(device_.index());
-    }
-  }
-
- private:
-  c10::CachingAllocator::Stat device_bytes() const {
-    const auto aggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
-    return at::accelerator::getDeviceStats(device_.index()).allocated_bytes[aggregate];
-  }
-  torch::Device device_;
-};
-
 // What one mode's run produced.
 struct Run {
   int64_t kept_bytes = 0;  // after the first forward, over what was live before
@@ -267,35 +238,6 @@ bool identical(const Run& run, const Run& reference) {
   return true;
 }
 
-// ---- Command line ------------------------------------------------------------
-
-
-torch::Device device_from_flag() {
-  const std::string name = absl::GetFlag(FLAGS_device);
-  if (name == "cpu") return torch::Device(torch::kCPU);
-  if (name == "cuda") {
-    if (!torch::cuda::is_available()) {
-      throw std::invalid_argument("--device=cuda, but CUDA is not available to this LibTorch");
-    }
-    return torch::Device(torch::kCUDA, 0);
-  }
-  throw std::invalid_argument("--device must be cpu or cuda, not '" + name + "'");
-}
-
-// sac chooses its dispatch mechanism once per process, on first use; so this
-// runs before anything else touches sac. `default` leaves the choice to sac:
-// the SAC_DISPATCH environment variable, else automatic.
-void choose_dispatch() {
-  const std::string name = absl::GetFlag(FLAGS_dispatch);
-  if (name == "per_op") {
-    sac::dispatch::set_mechanism(sac::dispatch::Mechanism::PerOpKernels);
-  } else if (name == "fallback") {
-    sac::dispatch::set_mechanism(sac::dispatch::Mechanism::FallbackKey);
-  } else if (name != "default") {
-    throw std::invalid_argument("--dispatch must be per_op, fallback or default, not '" + name + "'");
-  }
-}
-
 // ---- Report ------------------------------------------------------------------
 
 std::string mib(int64_t bytes) {
@@ -308,8 +250,8 @@ int run_all(int argc, char** argv) {
   absl::SetProgramUsageMessage("trains a small GPT under each sac checkpointing mode");
   sac_examples::parse_flags(argc, argv);
   const Config c = sac_examples::config_from_flags(absl::GetFlag(FLAGS_steps));
-  const torch::Device device = device_from_flag();
-  choose_dispatch();
+  const torch::Device device = sac_examples::device_named(absl::GetFlag(FLAGS_device));
+  sac_examples::choose_dispatch(absl::GetFlag(FLAGS_dispatch));
   const std::vector<Mode> modes = chosen_modes(absl::GetFlag(FLAGS_modes), device);
 
   MemoryMeter memory(device);
