@@ -369,6 +369,7 @@ void OpCache::demote_modified() {
 void OpCache::begin_recording(bool track_producers) {
   recording_ = true;
   track_producers_ = track_producers;
+  collectives_.clear();
 }
 
 void OpCache::end_recording() {
@@ -536,6 +537,7 @@ void OpCache::clear() {
   latest_outputs_.clear();
   bytes_ = 0;
   saved_calls_ = 0;
+  collectives_.clear();
 }
 
 void OpCache::drop(Call& call) {

@@ -8,6 +8,7 @@
 // values that were stored.
 #pragma once
 
+#include <sac/cache/collective_ledger.h>
 #include <sac/region/copy_target.h>
 #include <sac/region/stash.h>
 #include <sac/region/version_watch.h>
@@ -148,10 +149,15 @@ class OpCache {
   // place since it was stored and `allow_mutation` is false.
   Served take(const c10::OperatorHandle& op, size_t call, bool allow_mutation);
 
-  // Drops every call and the outputs it kept.
+  // Drops every call and the outputs it kept, and the collectives noted.
   void clear();
   // No call recorded (or all cleared).
   bool empty() const { return calls_.empty(); }
+
+  // The collectives the forward issued (sac/cache/collective_ledger.h),
+  // whether or not the policy decides about them. Emptied by
+  // begin_recording() and clear().
+  CollectiveLedger& collectives() { return collectives_; }
 
   // ---- Accounting ---------------------------------------------------------
 
@@ -280,6 +286,7 @@ class OpCache {
   size_t bytes_ = 0;
   size_t saved_calls_ = 0;
   size_t demoted_calls_ = 0;
+  CollectiveLedger collectives_;
 };
 
 }  // namespace sac

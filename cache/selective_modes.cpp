@@ -59,6 +59,24 @@ void warn_once(const std::string& key, const std::string& message) {
   TORCH_WARN(message);
 }
 
+// A functional collective returns at once, and its work writes the outputs
+// in place when it completes: a later version than the one the cache would
+// record, which the cache would take for a modification (and recompute the
+// call). So a kept collective is waited for before its outputs are cached:
+// the cache holds the completed values, at the version they keep. Only kept
+// collectives lose their overlap with the forward's compute, and the
+// region's own wait_tensor then finds nothing in flight.
+void wait_for_collective(c10::ArrayRef<c10::IValue> outputs) {
+  static const c10::OperatorHandle wait_tensor =
+      c10::Dispatcher::singleton().findSchemaOrThrow("_c10d_functional::wait_tensor", "");
+  for (const auto& output : outputs) {
+    dispatch::for_each_tensor(output, [](const at::Tensor& t) {
+      torch::jit::Stack stack{t};
+      wait_tensor.callBoxed(&stack);
+    });
+  }
+}
+
 void restore(GeneratorSnapshot snapshot) {
   const at::Tensor state = snapshot.state_after.get_state();
   std::lock_guard<std::mutex> lock(snapshot.live.mutex());
@@ -122,6 +140,9 @@ void CachingMode::on_outermost_exit() {
 
 void CachingMode::intercept(const c10::OperatorHandle& op,
                             c10::DispatchKeySet below, torch::jit::Stack* stack) {
+  if (policy::issues_collective(op)) {
+    cache_->collectives().note(op, arguments_on(op, *stack));
+  }
   if (!policy_.decides_about(op)) {
     dispatch::run_op(op, below, stack);
     cache_->watch_aliases(outputs_on(op, *stack));
@@ -156,6 +177,9 @@ void CachingMode::intercept(const c10::OperatorHandle& op,
     cache_->watch_aliases(outputs);
     cache_->append_recompute(op, outputs, std::move(after));
     return;
+  }
+  if (policy::issues_collective(op)) {
+    wait_for_collective(outputs);
   }
   cache_->append_saved(op, outputs, std::move(after),
                        is_offload(answer) ? offload_to_ : nullptr);
@@ -207,6 +231,7 @@ void CachingMode::add_statistics() {
   counts_.bytes_kept = static_cast<int64_t>(cache_->bytes());
   counts_.bytes_offloaded = summary.offloaded_bytes;
   counts_.bytes_dropped = output_bytes_ - counts_.bytes_kept - counts_.bytes_offloaded;
+  counts_.collectives_issued = cache_->collectives().size();
   statistics_->add(counts_);
   storages_.clear();
 }
@@ -235,6 +260,7 @@ CachedMode::CachedMode(Policy policy, std::shared_ptr<OpCache> cache,
 
 void CachedMode::on_outermost_enter() {
   next_call_.clear();
+  next_collective_.clear();
   pass_ = RegionCounts();
   if (statistics_ != nullptr) {
     pass_started_ = std::chrono::steady_clock::now();
@@ -254,12 +280,20 @@ void CachedMode::on_outermost_exit() {
 
 void CachedMode::intercept(const c10::OperatorHandle& op,
                            c10::DispatchKeySet below, torch::jit::Stack* stack) {
+  // Checked whether served or run: a served call is the forward's call of
+  // the same index, so a mismatch means the region took another path.
+  const bool collective = policy::issues_collective(op);
+  if (collective) {
+    cache_->collectives().check(op, next_collective_[op]++, arguments_on(op, *stack));
+  }
   if (!policy_.decides_about(op)) {
+    pass_.collectives_reissued += collective;
     dispatch::run_op(op, below, stack);
     return;
   }
   const size_t call = next_call_[op]++;
   if (!cache_->cached(op, call)) {
+    pass_.collectives_reissued += collective;
     if (statistics_ != nullptr && !is_tag(op)) {
       ++pass_.calls_rerun;
     }
@@ -285,6 +319,8 @@ SelectiveCheckpointContexts create_selective_checkpoint_contexts(
   policy.prepare_interception();
   // The caching mode watches these for in-place changes to cached values.
   dispatch::intercept_ops(policy::hidden_alias_ops());
+  // Both modes track the collectives, whatever the policy decides about.
+  dispatch::intercept_ops_matching(&policy::issues_collective);
   auto cache = std::make_shared<OpCache>();
   if (offload_to == nullptr) {
     offload_to = host_memory();

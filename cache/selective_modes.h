@@ -26,6 +26,13 @@
 // mentions that the forward never tagged. Both modes record and replay tag
 // calls as recomputed: a tag is the identity.
 //
+// Collectives (sac/cache/collective_ledger.h): both modes see every
+// functional collective, decided about or not. The caching mode notes each
+// one the forward issues; the cached mode checks each one the recomputation
+// reaches against the forward's, before it is issued or served. A collective
+// the policy keeps is served and never communicates again; one it recomputes
+// (or does not decide about) is issued again, in the forward's order.
+//
 // Random ops: a saved random op draws nothing when it is served, so its
 // generator is set to the state it had right after the op in forward;
 // everything recomputed after it draws the forward's numbers.
@@ -132,6 +139,7 @@ class CachedMode final : public SelectiveMode {
 
   bool allow_cache_entry_mutation_;
   std::unordered_map<c10::OperatorHandle, size_t> next_call_;
+  std::unordered_map<c10::OperatorHandle, size_t> next_collective_;
   RegionCounts pass_;  // this pass's, so far
   std::chrono::steady_clock::time_point pass_started_;
 };

@@ -16,9 +16,11 @@ RegionCounts& RegionCounts::operator+=(const RegionCounts& other) {
   bytes_kept += other.bytes_kept;
   bytes_offloaded += other.bytes_offloaded;
   bytes_dropped += other.bytes_dropped;
+  collectives_issued += other.collectives_issued;
   recomputations += other.recomputations;
   calls_served += other.calls_served;
   calls_rerun += other.calls_rerun;
+  collectives_reissued += other.collectives_reissued;
   recompute_seconds += other.recompute_seconds;
   return *this;
 }
@@ -29,6 +31,8 @@ void RegionCounts::print(std::ostream& out) const {
       << " recomputed (" << calls_demoted << " demoted), " << tags << " tags\n"
       << "bytes: " << bytes_kept << " kept, " << bytes_offloaded << " offloaded, "
       << bytes_dropped << " dropped\n"
+      << "collectives: " << collectives_issued << " issued in forward, "
+      << collectives_reissued << " issued again in recomputation\n"
       << "recomputation (" << recomputations << " passes): " << calls_served << " served, "
       << calls_rerun << " rerun, " << std::fixed << std::setprecision(3)
       << recompute_seconds * 1e3 << " ms\n";

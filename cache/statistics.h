@@ -42,11 +42,17 @@ struct RegionCounts {
   int64_t bytes_kept = 0;
   int64_t bytes_offloaded = 0;
   int64_t bytes_dropped = 0;
+  // Functional collectives the forwards issued (sac/cache/collective_ledger.h),
+  // decided about or not.
+  size_t collectives_issued = 0;
 
   // ---- Backward: each recomputation adds to these.
   size_t recomputations = 0;  // passes (one per region and backward, usually)
   size_t calls_served = 0;    // seen calls served from the cache
   size_t calls_rerun = 0;     // seen calls run again (early stop runs fewer)
+  // Functional collectives issued again (not served from the cache): each
+  // one communicated again.
+  size_t collectives_reissued = 0;
   // Wall time of the recomputation passes, autograd's work in them included.
   double recompute_seconds = 0;
 

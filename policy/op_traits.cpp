@@ -91,7 +91,17 @@ bool is_random(const c10::OperatorHandle& op) {
 
 bool is_collective(const c10::OperatorHandle& op) {
   const std::string& name = op.operator_name().name;
-  return name.rfind("c10d::", 0) == 0 || name.rfind("_c10d_functional::", 0) == 0;
+  return name.rfind("c10d::", 0) == 0 || name.rfind("_c10d_functional::", 0) == 0 ||
+         name.rfind("_c10d_functional_autograd::", 0) == 0;
+}
+
+bool issues_collective(const c10::OperatorHandle& op) {
+  const std::string& name = op.operator_name().name;
+  // Every aten op fails the first compare.
+  return !name.empty() && name.front() == '_' &&
+         (name.rfind("_c10d_functional::", 0) == 0 ||
+          name.rfind("_c10d_functional_autograd::", 0) == 0) &&
+         name != "_c10d_functional::wait_tensor";
 }
 
 std::optional<std::string> why_never_cached(const c10::OperatorHandle& op) {

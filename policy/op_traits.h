@@ -38,9 +38,15 @@ bool is_view(const c10::OperatorHandle& op);
 // True for ops that draw from a random generator (tag nondeterministic_seeded).
 bool is_random(const c10::OperatorHandle& op);
 
-// True for c10d's collectives (c10d:: and _c10d_functional::): running one
-// again communicates again.
+// True for c10d's collectives (c10d::, _c10d_functional:: and
+// _c10d_functional_autograd::): running one again communicates again.
 bool is_collective(const c10::OperatorHandle& op);
+
+// True for the functional collectives that communicate: every op of
+// _c10d_functional and _c10d_functional_autograd except wait_tensor, which
+// only waits for one. These are the collectives a checkpointed region tracks
+// (sac/cache/collective_ledger.h). Cheap for aten ops: one character compare.
+bool issues_collective(const c10::OperatorHandle& op);
 
 // Ops whose schema says "functional" but whose output shares its input's
 // storage with a version counter of its own (aten::_unsafe_view). A cache
