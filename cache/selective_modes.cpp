@@ -140,7 +140,8 @@ void CachingMode::on_outermost_exit() {
 
 void CachingMode::intercept(const c10::OperatorHandle& op,
                             c10::DispatchKeySet below, torch::jit::Stack* stack) {
-  if (policy::issues_collective(op)) {
+  const bool collective = policy::issues_collective(op);
+  if (collective) {
     cache_->collectives().note(op, arguments_on(op, *stack));
   }
   if (!policy_.decides_about(op)) {
@@ -178,7 +179,7 @@ void CachingMode::intercept(const c10::OperatorHandle& op,
     cache_->append_recompute(op, outputs, std::move(after));
     return;
   }
-  if (policy::issues_collective(op)) {
+  if (collective) {
     wait_for_collective(outputs);
   }
   cache_->append_saved(op, outputs, std::move(after),
