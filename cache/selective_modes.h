@@ -30,8 +30,10 @@
 // functional collective, decided about or not. The caching mode notes each
 // one the forward issues; the cached mode checks each one the recomputation
 // reaches against the forward's, before it is issued or served. A collective
-// the policy keeps is served and never communicates again; one it recomputes
-// (or does not decide about) is issued again, in the forward's order.
+// the policy keeps is waited for before its outputs are cached (its work
+// writes them in place when it completes), is served in recomputation and
+// never communicates again; one it recomputes (or does not decide about) is
+// issued again, in the forward's order.
 //
 // Random ops: a saved random op draws nothing when it is served, so its
 // generator is set to the state it had right after the op in forward;
