@@ -11,6 +11,9 @@ namespace {
 // dtypes and shapes, and its other arguments (group name, reduction, group
 // size), in schema order.
 std::string signature(c10::ArrayRef<c10::IValue> args) {
+  const auto describe = [](const at::Tensor& t) {
+    return t.defined() ? c10::str(t.scalar_type(), t.sizes()) : std::string("undefined");
+  };
   std::ostringstream out;
   for (size_t i = 0; i < args.size(); ++i) {
     if (i > 0) {
@@ -18,12 +21,11 @@ std::string signature(c10::ArrayRef<c10::IValue> args) {
     }
     const c10::IValue& arg = args[i];
     if (arg.isTensor()) {
-      const at::Tensor& t = arg.toTensor();
-      out << (t.defined() ? c10::str(t.scalar_type(), t.sizes()) : std::string("undefined"));
+      out << describe(arg.toTensor());
     } else if (arg.isTensorList()) {
       out << "[";
       for (const at::Tensor& t : arg.toTensorVector()) {
-        out << c10::str(t.scalar_type(), t.sizes()) << " ";
+        out << describe(t) << " ";
       }
       out << "]";
     } else if (arg.isString()) {
@@ -39,7 +41,14 @@ std::string signature(c10::ArrayRef<c10::IValue> args) {
 
 void CollectiveLedger::note(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   calls_[op].push_back(signature(args));
-  ++size_;
+}
+
+size_t CollectiveLedger::size() const {
+  size_t calls = 0;
+  for (const auto& [op, signatures] : calls_) {
+    calls += signatures.size();
+  }
+  return calls;
 }
 
 void CollectiveLedger::check(const c10::OperatorHandle& op, size_t call,
@@ -66,9 +75,6 @@ void CollectiveLedger::check(const c10::OperatorHandle& op, size_t call,
               "(sac::never_recompute_collectives()).");
 }
 
-void CollectiveLedger::clear() {
-  calls_.clear();
-  size_ = 0;
-}
+void CollectiveLedger::clear() { calls_.clear(); }
 
 }  // namespace sac

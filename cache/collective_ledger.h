@@ -37,12 +37,12 @@ class CollectiveLedger {
   void check(const c10::OperatorHandle& op, size_t call, c10::ArrayRef<c10::IValue> args) const;
 
   // Calls noted.
-  size_t size() const { return size_; }
+  size_t size() const;
   void clear();
 
  private:
+  // Each op's calls, in order: what makes them the same communication.
   std::unordered_map<c10::OperatorHandle, std::vector<std::string>> calls_;
-  size_t size_ = 0;
 };
 
 }  // namespace sac

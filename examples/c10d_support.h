@@ -289,6 +289,8 @@ struct SumOverRanks : torch::autograd::Function<SumOverRanks> {
 // each parameter copies its gradient into its bucket, and the bucket's
 // all-reduce starts as soon as its last gradient arrives, while backward goes
 // on. `finish()` waits for them and writes the averages into `.grad()`.
+// The hooks stay on the parameters: the object must outlive every backward
+// through them.
 class GradientAllReduce {
  public:
   GradientAllReduce(std::vector<at::Tensor> params, const Group& group, int64_t bucket_bytes)
