@@ -182,6 +182,16 @@ void CachingMode::intercept(const c10::OperatorHandle& op,
   if (collective) {
     wait_for_collective(outputs);
   }
+  if (policy_.domain().every_cacheable_op && dispatch::mechanism_misses(op)) {
+    warn_once("unseen " + c10::toString(op.operator_name()),
+              c10::str("sac: the policy ", policy_.describe(), " answers ", to_string(answer),
+                       " for ", op.operator_name(), ", whose calls through LibTorch's "
+                       "torch:: factory functions (torch::zeros, torch::arange, "
+                       "torch::randn_like, ...) sac's per-op kernels never see: only its "
+                       "calls through at:: functions reach the policy. Use the fallback-key "
+                       "mechanism (SAC_DISPATCH=fallback) to see every call. Reported once "
+                       "per op."));
+  }
   cache_->append_saved(op, outputs, std::move(after),
                        is_offload(answer) ? offload_to_ : nullptr);
   cache_->watch_aliases(inputs);

@@ -22,14 +22,12 @@ class RegionReplay final : public Recomputation {
   // The region began; `region_interceptor` is its interceptor (or null).
   dispatch::OpObserver* start_recording(const dispatch::OpInterceptor* region_interceptor) {
     recorder_.emplace(recording_, region_interceptor, [](const at::Tensor& t) {
-      // The data and the version counter, not the graph: a tensor that a
+      // The recorder hands over a tensor without a graph (a tensor that a
       // backward inside the region made would keep the region's graph, and
-      // so this frame, alive. (tensor_data(), not detach(): below autograd,
-      // where the recorder runs, detach() gets a version counter of its
-      // own.) Not through an enclosing region's hooks: that region's
-      // recomputation would not save what a backward inside this region
-      // made in its forward.
-      return save_kept(t.tensor_data());
+      // so this frame, alive), on the tensor's version counter. Not through
+      // an enclosing region's hooks: that region's recomputation would not
+      // save what a backward inside this region made in its forward.
+      return save_kept(t);
     });
     return &*recorder_;
   }
@@ -43,6 +41,21 @@ class RegionReplay final : public Recomputation {
   }
 
   std::unique_ptr<Pass> begin(CheckpointFrame& frame, int64_t graph_task) override {
+    // Checked here, not by whoever keeps the tensors: a copy target's hooks
+    // watch a copy, and a view read on outside memory is kept as part of
+    // its whole storage.
+    for (const record::OutsideRead& read : recording_.outside_reads) {
+      SAC_CHECKPOINT_CHECK(
+          recording_.outside[read.outside].snapshot.has_value() || !read.version.changed(),
+          "sac::CheckpointRegion: a tensor the region read but did not make "
+          "(shape ", c10::IntArrayRef(read.sizes), ": a parameter, a buffer, a "
+          "tensor made before the region) was modified in place after the "
+          "region read it (version ", read.version.version(), " when read, ",
+          read.version.current_version(), " now); the replay would read the "
+          "modified value. The region keeps such tensors as autograd keeps the "
+          "inputs it saves: do not modify them in place between the region and "
+          "backward (modify a clone, or run the backward first).");
+    }
     std::vector<at::Tensor> outside(recording_.outside.size());
     for (size_t i = 0; i < recording_.outside.size(); ++i) {
       const record::Outside& kept = recording_.outside[i];
@@ -56,10 +69,7 @@ class RegionReplay final : public Recomputation {
             false, "sac::CheckpointRegion: a tensor the region read but did "
             "not make (shape ", c10::IntArrayRef(kept.sizes), ": a parameter, "
             "a buffer, a tensor made before the region) cannot be given to "
-            "its replay: ", error.what_without_backtrace(),
-            "\nThe region keeps such tensors as autograd keeps the inputs it "
-            "saves: do not modify them in place between the region and "
-            "backward (modify a clone, or run the backward first).");
+            "its replay: ", error.what_without_backtrace());
       }
     }
     return std::make_unique<ReplayPass>(recording_, std::move(outside),

@@ -70,6 +70,17 @@ Mechanism mechanism();
 // not, `reason` (if given) says why.
 bool fallback_key_available(std::string* reason = nullptr);
 
+// Whether per-op kernels miss calls of `op`: the factory ops (zeros, full,
+// arange, randn, empty, the *_like ones, ...: the overloads with
+// TensorOptions) that LibTorch's torch:: factory functions (torch::zeros,
+// torch::randn_like, ...) call with ADInplaceOrView excluded, so that a
+// kernel there never runs. The same ops called as at::zeros are seen. The
+// fallback key sees every call.
+bool per_op_kernels_miss(const c10::OperatorHandle& op);
+
+// per_op_kernels_miss(op) when the mechanism in use is PerOpKernels.
+bool mechanism_misses(const c10::OperatorHandle& op);
+
 // Receives the ops intercepted on a thread while it is active.
 class OpInterceptor {
  public:

@@ -173,6 +173,17 @@ Policy Policy::answer_ops(const std::vector<std::string>& op_names,
 
 Policy Policy::answer_ops(std::vector<c10::OperatorHandle> ops, CheckpointPolicy answer,
                           std::string description) {
+  if (answer != CheckpointPolicy::PreferRecompute && answer != CheckpointPolicy::MustRecompute) {
+    for (const auto& op : ops) {
+      TORCH_CHECK(!dispatch::mechanism_misses(op), "sac: ", description, " names ",
+                  op.operator_name(), ", whose calls through LibTorch's torch:: factory "
+                  "functions (torch::zeros, torch::arange, torch::randn_like, ...) sac's "
+                  "per-op kernels never see: those functions dispatch below the "
+                  "ADInplaceOrView key where the kernels sit. The policy would not "
+                  "keep what it names. Use the fallback-key mechanism "
+                  "(SAC_DISPATCH=fallback), which sees every call, or drop the op.");
+    }
+  }
   return Policy(std::make_shared<OpListRule>(std::move(ops), answer, std::move(description)));
 }
 

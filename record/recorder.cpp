@@ -6,6 +6,7 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/Exception.h>
 
+#include <cstring>
 #include <mutex>
 #include <unordered_set>
 
@@ -79,16 +80,40 @@ bool holds_tensor(const c10::IValue& value) {
   return false;
 }
 
-// A byte tensor over all of `storage`.
-at::Tensor bytes_of(const c10::Storage& storage) {
-  return at::empty({0}, at::TensorOptions().dtype(at::kByte).device(storage.device()))
-      .set_(storage, 0, {static_cast<int64_t>(storage.nbytes())}, {1});
-}
-
 // Whether `t`'s memory came from an allocator. Memory that did not
 // (torch::from_blob, DLPack) belongs to someone else, who may free or
 // change it before backward.
 bool owns_memory(const at::Tensor& t) { return t.storage().allocator() != nullptr; }
+
+// Whether `t` is all of its storage, laid out as a copy would lay it out.
+bool spans_storage(const at::Tensor& t) {
+  return t.storage_offset() == 0 && t.is_contiguous() &&
+         t.nbytes() == t.storage().nbytes();
+}
+
+// All of `t`'s storage as one tensor of its dtype (`t` itself when it spans
+// it), with `t`'s version counter and no autograd graph.
+at::Tensor whole_storage(const at::Tensor& t) {
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  c10::intrusive_ptr<c10::TensorImpl> whole = impl->shallow_copy_and_detach(
+      /*version_counter=*/impl->version_counter(),
+      /*allow_tensor_metadata_change=*/true);
+  if (!spans_storage(t)) {
+    const int64_t elements = static_cast<int64_t>(t.storage().nbytes() / t.itemsize());
+    const int64_t stride = 1;
+    whole->set_sizes_and_strides(c10::IntArrayRef(elements), c10::IntArrayRef(stride),
+                                 /*storage_offset=*/int64_t{0});
+  }
+  return at::Tensor(std::move(whole));
+}
+
+// Whether host code changed `storage` since its bytes were taken. Only CPU
+// memory is compared: code outside the dispatcher writes host memory.
+bool differs_from(const c10::Storage& storage, const at::Tensor& bytes) {
+  return storage.device_type() == c10::kCPU &&
+         (static_cast<int64_t>(storage.nbytes()) != bytes.numel() ||
+          std::memcmp(storage.data(), bytes.const_data_ptr(), storage.nbytes()) != 0);
+}
 
 }  // namespace
 
@@ -100,6 +125,7 @@ Recorder::Recorder(Recording& recording,
       save_outside_(std::move(save_outside)) {}
 
 void Recorder::mark(const at::Tensor& t) {
+  before_read(t);  // autograd hands it to backward: a read
   const ValueId value = resolve(t);
   recording_.steps.push_back({Step::Kind::Mark, value});
 }
@@ -114,6 +140,7 @@ void Recorder::finish() {
 void Recorder::before_op(const dispatch::ObservedOp& call,
                          c10::ArrayRef<c10::IValue> args) {
   pending_.reset();
+  pending_host_writes_.clear();
   const c10::OperatorHandle& op = call.op;
   refuse_unreplayable(op);
   // The copies and constants a call needs are made before it runs, reads
@@ -129,7 +156,9 @@ void Recorder::before_op(const dispatch::ObservedOp& call,
   for (size_t i = 0; i < args.size(); ++i) {
     if (dispatch::writes_argument(op, i, args)) {
       writes_any = true;
-      dispatch::for_each_tensor(args[i], [&](const at::Tensor& t) { before_write(t); });
+      const bool whole = !reads_argument(op, i);
+      dispatch::for_each_tensor(args[i],
+                                [&](const at::Tensor& t) { before_write(t, whole); });
     }
   }
   Call recorded(op);
@@ -151,6 +180,10 @@ void Recorder::after_op(const dispatch::ObservedOp& call,
   }
   Call recorded = std::move(*pending_);
   pending_.reset();
+  for (StorageState* state : pending_host_writes_) {
+    state->seen = copy_bytes(c10::Storage(state->storage.lock()));
+  }
+  pending_host_writes_.clear();
   const bool fresh_memory = makes_uninitialized_memory(recorded.op);
   recorded.first_output = recording_.values;
   for (const auto& output : outputs) {
@@ -159,7 +192,7 @@ void Recorder::after_op(const dispatch::ObservedOp& call,
       remember(t, value);
       if (fresh_memory) {
         if (StorageState* state = storage_of(t)) {
-          state->uninitialized = true;
+          state->host_written = true;
         }
       }
       ++recorded.outputs;
@@ -231,38 +264,70 @@ ValueId Recorder::resolve(const at::Tensor& t) {
   StorageState* state = storage_of(t);
   if (state != nullptr && state->latest.has_value() &&
       state->latest_dtype == t.dtype()) {
-    Alias alias{recording_.new_value(), *state->latest, t.sizes().vec(),
-                t.strides().vec(), t.storage_offset()};
-    recording_.steps.push_back(
-        {Step::Kind::Alias, static_cast<uint32_t>(recording_.aliases.size())});
-    recording_.aliases.push_back(std::move(alias));
-    remember(t, recording_.aliases.back().value);
-    return recording_.aliases.back().value;
+    if (!state->outside.empty()) {
+      // On outside memory: read as it is now.
+      recording_.outside_reads.push_back(
+          {VersionWatch(t), t.sizes().vec(), state->outside.back()});
+    }
+    return add_alias(t, *state->latest);
   }
   return add_outside(t);
 }
 
+ValueId Recorder::add_alias(const at::Tensor& t, ValueId base) {
+  Alias alias{recording_.new_value(), base, t.sizes().vec(), t.strides().vec(),
+              t.storage_offset()};
+  recording_.steps.push_back(
+      {Step::Kind::Alias, static_cast<uint32_t>(recording_.aliases.size())});
+  recording_.aliases.push_back(std::move(alias));
+  const ValueId value = recording_.aliases.back().value;
+  remember(t, value);
+  return value;
+}
+
 ValueId Recorder::add_outside(const at::Tensor& t) {
-  StorageState* state = storage_of(t);
-  if (state == nullptr && t.has_storage() && !owns_memory(t)) {
+  if (!t.has_storage()) {  // sparse, nested: kept as they are
+    Outside outside = layout_of(t);
+    outside.saved = save_outside_(t);
+    const size_t index = append_outside(std::move(outside));
+    recording_.outside_reads.push_back({VersionWatch(t), t.sizes().vec(), index});
+    remember(t, recording_.outside[index].value);
+    return recording_.outside[index].value;
+  }
+  StorageState& state = state_of(t);
+  if (!owns_memory(t)) {
     // Someone else's memory may be gone (or changed) by backward.
-    state = &state_of(t);
-    take_snapshot(t, *state);
+    state.foreign = state.host_written = true;
+    take_snapshot(t, state);
+    state.seen = recording_.snapshots[*state.snapshot];
   }
-  if (state != nullptr && state->snapshot.has_value()) {
-    return add_copied(t, *state);
+  if (state.snapshot.has_value()) {
+    return add_copied(t, state);
   }
-  Outside outside = layout_of(t);
-  outside.saved = save_outside_(t);
-  return append_outside(t, std::move(outside));
+  // One value for the whole storage, kept once; `t` is an alias of it.
+  const at::Tensor whole = whole_storage(t);
+  Outside outside = layout_of(whole);
+  outside.saved = save_outside_(whole);
+  const size_t index = append_outside(std::move(outside));
+  state.outside.push_back(index);
+  recording_.outside_reads.push_back({VersionWatch(t), t.sizes().vec(), index});
+  const ValueId value = recording_.outside[index].value;
+  if (spans_storage(t)) {
+    remember(t, value);
+    return value;
+  }
+  state.latest = value;
+  state.latest_dtype = t.dtype();
+  return add_alias(t, value);
 }
 
 ValueId Recorder::add_copied(const at::Tensor& t, StorageState& state) {
   Outside outside = layout_of(t);
   outside.snapshot = state.snapshot;
-  const ValueId value = append_outside(t, std::move(outside));
-  copied_.insert(value);
-  return value;
+  const size_t index = append_outside(std::move(outside));
+  state.outside.push_back(index);
+  remember(t, recording_.outside[index].value);
+  return recording_.outside[index].value;
 }
 
 Outside Recorder::layout_of(const at::Tensor& t) {
@@ -275,16 +340,11 @@ Outside Recorder::layout_of(const at::Tensor& t) {
   return outside;
 }
 
-ValueId Recorder::append_outside(const at::Tensor& t, Outside outside) {
+size_t Recorder::append_outside(Outside outside) {
   const size_t index = recording_.outside.size();
-  const ValueId value = outside.value;
   recording_.steps.push_back({Step::Kind::Outside, static_cast<uint32_t>(index)});
   recording_.outside.push_back(std::move(outside));
-  remember(t, value);
-  if (StorageState* state = storage_of(t)) {
-    state->outside.push_back(index);
-  }
-  return value;
+  return index;
 }
 
 Recorder::StorageState& Recorder::state_of(const at::Tensor& t) {
@@ -312,19 +372,30 @@ Recorder::StorageState* Recorder::storage_of(const at::Tensor& t) {
   return it == storages_.end() ? nullptr : &it->second;
 }
 
-void Recorder::before_write(const at::Tensor& t) {
+void Recorder::before_write(const at::Tensor& t, bool whole) {
   if (!t.has_storage()) {
     resolve(t);
     return;
   }
-  if (known_.count(t.unsafeGetTensorImpl()) == 0 && storage_of(t) == nullptr) {
+  if (known_.count(t.unsafeGetTensorImpl()) == 0 && storage_of(t) == nullptr &&
+      owns_memory(t)) {
     // Outside memory seen first by a write: copied before it is named, so
     // that it is not saved as well.
     take_snapshot(t, state_of(t));
   }
   resolve(t);
   StorageState& state = *storage_of(t);
-  state.uninitialized = false;
+  if (state.host_written) {
+    if (whole && spans_storage(t) && !state.foreign) {
+      // An op makes every byte: host code wrote nothing that stays.
+      state.host_written = false;
+      state.seen = at::Tensor();
+    } else {
+      // What host code wrote and the write leaves in place is kept.
+      fill_if_changed(t, state);
+      pending_host_writes_.push_back(&state);
+    }
+  }
   if (!state.outside.empty() && !state.snapshot.has_value()) {
     take_snapshot(t, state);
   }
@@ -333,9 +404,8 @@ void Recorder::before_write(const at::Tensor& t) {
 void Recorder::take_snapshot(const at::Tensor& t, StorageState& state) {
   // The region writes memory it did not make. Replay must not write it a
   // second time: it replays on a copy of the memory as it is now.
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
   state.snapshot = recording_.snapshots.size();
-  recording_.snapshots.push_back(bytes_of(t.storage()).clone());
+  recording_.snapshots.push_back(copy_bytes(t.storage()));
   for (const size_t index : state.outside) {
     Outside& outside = recording_.outside[index];
     outside.saved = torch::autograd::SavedVariable();
@@ -343,22 +413,30 @@ void Recorder::take_snapshot(const at::Tensor& t, StorageState& state) {
   }
 }
 
+at::Tensor Recorder::copy_bytes(const c10::Storage& storage) {
+  // Called from autograd's hooks (mark) too: no observer sees the copy.
+  dispatch::IsolationGuard unseen;
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return bytes_of(storage).clone();
+}
+
 void Recorder::before_read(const at::Tensor& t) {
   StorageState* state = storage_of(t);
-  if (state == nullptr || !state->uninitialized) {
+  if (state != nullptr && state->host_written) {
+    fill_if_changed(t, *state);
+  }
+}
+
+void Recorder::fill_if_changed(const at::Tensor& t, StorageState& state) {
+  if (state.seen.defined() && !differs_from(t.storage(), state.seen)) {
     return;
   }
-  const auto known = known_.find(t.unsafeGetTensorImpl());
-  if (known != known_.end() && copied_.count(known->second.value) != 0) {
-    return;
-  }
-  // Memory from an empty-like op that no op wrote holds what code outside
-  // the dispatcher put there (torch::tensor(std::vector) does): replay reads
-  // a copy of it as it is now.
-  if (!state->snapshot.has_value()) {
-    take_snapshot(t, *state);
-  }
-  add_copied(t, *state);
+  const size_t snapshot = recording_.snapshots.size();
+  recording_.snapshots.push_back(copy_bytes(t.storage()));
+  state.seen = recording_.snapshots.back();
+  const ValueId value = resolve(t);
+  recording_.steps.push_back({Step::Kind::Fill, static_cast<uint32_t>(recording_.fills.size())});
+  recording_.fills.push_back({value, snapshot});
 }
 
 }  // namespace sac::record

@@ -14,9 +14,12 @@
 //   * ops with a Storage argument (set_ on a storage): a storage is not a
 //     value the recording can follow;
 //   * tensors inside other containers than lists (none in aten today).
-// What it cannot see: memory written through data_ptr() or accessors into a
-// tensor that already held data, and side effects of custom kernels other
-// than the writes their schema declares. Such regions must not be recorded.
+// Memory written outside the dispatcher (torch::tensor(std::vector),
+// torch::from_blob) is followed by its bytes while only such code writes it
+// (recording.h: Fill). What it cannot see: memory written through data_ptr()
+// or accessors after an op wrote it, or that a tensor made before the region
+// holds, and side effects of custom kernels other than the writes their
+// schema declares. Such regions must not be recorded.
 #pragma once
 
 #include <sac/dispatch/interceptor.h>
@@ -27,7 +30,6 @@
 #include <functional>
 #include <optional>
 #include <unordered_map>
-#include <unordered_set>
 
 namespace sac::record {
 
@@ -74,8 +76,13 @@ class Recorder final : public dispatch::OpObserver {
     c10::weak_intrusive_ptr<c10::StorageImpl> storage;
     std::optional<ValueId> latest;  // the last value made on it
     caffe2::TypeMeta latest_dtype;
-    // Made by an empty-like op and not written by any op since.
-    bool uninitialized = false;
+    // Code outside the dispatcher may write it: memory sac does not own, or
+    // fresh memory from an empty-like op that no op has overwritten whole.
+    bool host_written = false;
+    bool foreign = false;  // not from an allocator (torch::from_blob)
+    // With host_written: its bytes as replay holds them at this point
+    // (undefined before the first Fill), compared at each read.
+    at::Tensor seen;
     // Outside values on it, and the copy replay uses once it is written.
     std::vector<size_t> outside;
     std::optional<size_t> snapshot;
@@ -83,20 +90,24 @@ class Recorder final : public dispatch::OpObserver {
 
   // The value `t` is now, appending Outside or Alias steps as needed.
   ValueId resolve(const at::Tensor& t);
+  ValueId add_alias(const at::Tensor& t, ValueId base);
   ValueId add_outside(const at::Tensor& t);
   // An outside value that lies in the copy of `state`'s storage.
   ValueId add_copied(const at::Tensor& t, StorageState& state);
   Outside layout_of(const at::Tensor& t);
-  ValueId append_outside(const at::Tensor& t, Outside outside);
+  size_t append_outside(Outside outside);
   StorageState& state_of(const at::Tensor& t);  // made if new
   void remember(const at::Tensor& t, ValueId value);
   StorageState* storage_of(const at::Tensor& t);
-  // Before a call writes `t`: outside memory gets its copy; fresh memory is
-  // no longer uninitialized.
-  void before_write(const at::Tensor& t);
+  // Before a call writes `t` (`whole`: all of it, without reading it):
+  // outside memory gets its copy; fresh memory is no longer host-written.
+  void before_write(const at::Tensor& t, bool whole);
   void take_snapshot(const at::Tensor& t, StorageState& state);
-  // Before a call reads `t`: memory filled outside the dispatcher is copied.
+  at::Tensor copy_bytes(const c10::Storage& storage);
+  // Before a call or autograd reads `t`: bytes written outside the
+  // dispatcher since they were last taken become a Fill step.
   void before_read(const at::Tensor& t);
+  void fill_if_changed(const at::Tensor& t, StorageState& state);
   Argument record_argument(const c10::OperatorHandle& op, size_t index,
                            const c10::IValue& arg);
 
@@ -105,10 +116,11 @@ class Recorder final : public dispatch::OpObserver {
   SaveOutside save_outside_;
   std::unordered_map<const c10::TensorImpl*, Known> known_;
   std::unordered_map<const c10::StorageImpl*, StorageState> storages_;
-  std::unordered_set<ValueId> copied_;  // outside values in a copy
   // The call between before_op and after_op (an op that throws never gets
   // its after_op: the next before_op drops it).
   std::optional<Call> pending_;
+  // Host-written memory it writes: seen again after it ran.
+  std::vector<StorageState*> pending_host_writes_;
 };
 
 }  // namespace sac::record

@@ -1,8 +1,15 @@
 #include <sac/record/recording.h>
 
+#include <ATen/ops/empty.h>
+
 #include <sstream>
 
 namespace sac::record {
+
+at::Tensor bytes_of(const c10::Storage& storage) {
+  return at::empty({0}, at::TensorOptions().dtype(at::kByte).device(storage.device()))
+      .set_(storage, 0, {static_cast<int64_t>(storage.nbytes())}, {1});
+}
 
 std::string Recording::str() const {
   std::ostringstream out;
@@ -31,6 +38,11 @@ std::string Recording::str() const {
       case Step::Kind::Outside: {
         const Outside& o = outside[step.index];
         out << "%" << o.value << " = outside" << (o.snapshot ? " (copy)" : "");
+        break;
+      }
+      case Step::Kind::Fill: {
+        const Fill& f = fills[step.index];
+        out << "fill %" << f.value << " from copy " << f.snapshot;
         break;
       }
       case Step::Kind::Alias: {

@@ -34,6 +34,9 @@ void for_each_read(const Recording& recording, const Step& step, F&& f) {
     case Step::Kind::Alias:
       f(recording.aliases[step.index].base);
       return;
+    case Step::Kind::Fill:
+      f(recording.fills[step.index].value);
+      return;
     case Step::Kind::Mark:
       f(static_cast<ValueId>(step.index));
       return;
@@ -98,6 +101,7 @@ class Lifetimes {
       case Step::Kind::Alias:
         f(recording.aliases[step.index].value);
         return;
+      case Step::Kind::Fill:
       case Step::Kind::Mark:
         return;
     }
@@ -139,6 +143,12 @@ class Replay {
       case Step::Kind::Outside:
         load_outside(step.index);
         return;
+      case Step::Kind::Fill: {
+        const Fill& fill = recording_.fills[step.index];
+        dispatch::IsolationGuard unseen;
+        bytes_of(value(fill.value).storage()).copy_(recording_.snapshots[fill.snapshot]);
+        return;
+      }
       case Step::Kind::Alias: {
         const Alias& alias = recording_.aliases[step.index];
         dispatch::IsolationGuard unseen;

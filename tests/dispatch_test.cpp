@@ -3,6 +3,8 @@
 // across exceptions.
 #include "support.h"
 
+#include <sac/policy/op_names.h>
+
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <algorithm>
@@ -348,3 +350,74 @@ TEST_F(DispatchTest, BadSacDispatchValueIsReported) {
 }
 
 }  // namespace
+
+// ---- What each mechanism sees ----------------------------------------------------
+
+// LibTorch's torch:: factory functions dispatch with ADInplaceOrView
+// excluded: per-op kernels never see those calls, the fallback key does.
+// The ops they reach are exactly those per_op_kernels_miss names.
+TEST(DispatchBlindSpots, TorchFactoryCallsAreMissedByPerOpKernelsOnly) {
+  sac_test::expect_configured_mechanism();
+  auto x = torch::randn({2, 3});
+  const std::vector<std::pair<std::string, std::function<void()>>> factories{
+      {"aten::zeros", [] { torch::zeros({2}); }},
+      {"aten::ones", [] { torch::ones({2}); }},
+      {"aten::full", [] { torch::full({2}, 3.0); }},
+      {"aten::empty", [] { torch::empty({2}); }},
+      {"aten::empty_strided", [] { torch::empty_strided({2}, {1}); }},
+      {"aten::arange", [] { torch::arange(4); }},
+      {"aten::linspace", [] { torch::linspace(0, 1, 3); }},
+      {"aten::eye", [] { torch::eye(2); }},
+      {"aten::rand", [] { torch::rand({2}); }},
+      {"aten::randn", [] { torch::randn({2}); }},
+      {"aten::randint", [] { torch::randint(5, {2}); }},
+      {"aten::randperm", [] { torch::randperm(4); }},
+      {"aten::zeros_like", [&] { torch::zeros_like(x); }},
+      {"aten::ones_like", [&] { torch::ones_like(x); }},
+      {"aten::full_like", [&] { torch::full_like(x, 2.0); }},
+      {"aten::empty_like", [&] { torch::empty_like(x); }},
+      {"aten::rand_like", [&] { torch::rand_like(x); }},
+      {"aten::randn_like", [&] { torch::randn_like(x); }},
+      {"aten::randint_like", [&] { torch::randint_like(x, 5); }},
+  };
+  // Ops the same code reaches through other paths, which both mechanisms see.
+  const std::vector<std::pair<std::string, std::function<void()>>> others{
+      {"aten::zeros", [] { at::zeros({2}); }},
+      {"aten::arange", [] { at::arange(4); }},
+      {"aten::_to_copy", [&] { x.to(torch::kFloat64); }},
+      {"aten::mul", [&] { torch::mul(x, 2.0); }},
+  };
+  const bool per_op = sac::dispatch::mechanism() == Mechanism::PerOpKernels;
+  sac::dispatch::intercept_ops_matching(
+      [](const c10::OperatorHandle& op) { return sac::dispatch::per_op_kernels_miss(op); });
+  sac::dispatch::intercept_ops({op_of("aten::_to_copy"), op_of("aten::mul", "Scalar")});
+  auto seen = [](const std::function<void()>& call) {
+    Recorder recorder;
+    {
+      sac::dispatch::InterceptorGuard guard(&recorder);
+      call();
+    }
+    std::vector<std::string> names;
+    for (const auto& name : recorder.names) names.push_back(name.substr(0, name.find('.')));
+    return names;
+  };
+  for (const auto& [name, call] : factories) {
+    SCOPED_TRACE(name);
+    const auto names = seen(call);
+    EXPECT_EQ(count_of(names, name), per_op ? 0u : 1u);
+    for (const auto& op : sac::policy::resolve_op_name(name + ".*")) {
+      if (op.schema().is_mutable()) continue;  // out= overloads: never cacheable
+      EXPECT_TRUE(sac::dispatch::per_op_kernels_miss(op)) << c10::toString(op.operator_name());
+      EXPECT_EQ(sac::dispatch::mechanism_misses(op), per_op);
+    }
+  }
+  for (const auto& [name, call] : others) {
+    SCOPED_TRACE(name);
+    EXPECT_EQ(count_of(seen(call), name), 1u);
+  }
+  for (const char* name : {"aten::_to_copy", "aten::mul", "aten::mm", "aten::index_select"}) {
+    for (const auto& op : sac::policy::resolve_op_name(std::string(name) + ".*")) {
+      EXPECT_FALSE(sac::dispatch::per_op_kernels_miss(op)) << c10::toString(op.operator_name());
+    }
+  }
+}

@@ -577,3 +577,56 @@ TEST_F(PolicyTest, ServedRandomOpRestoresGeneratorForLaterDraws) {
 }
 
 }  // namespace
+
+// ---- Ops per-op kernels miss ------------------------------------------------------
+
+// LibTorch's torch:: factory functions dispatch below ADInplaceOrView, where
+// per-op kernels sit (sac::dispatch::per_op_kernels_miss): a list naming
+// such an op is refused there at once; the fallback key sees and keeps it.
+TEST_F(PolicyTest, SaveOpsNamingAFactoryOpIsRefusedUnderPerOpKernelsOnly) {
+  if (sac::dispatch::mechanism() == sac::dispatch::Mechanism::PerOpKernels) {
+    for (const char* name : {"aten::arange", "aten::zeros", "aten::randn_like"}) {
+      const auto message = error_of([&] { sac::Policy::save_ops({"aten::mm", name}); });
+      EXPECT_NE(message.find("per-op kernels never see"), std::string::npos) << message;
+      EXPECT_NE(message.find("SAC_DISPATCH=fallback"), std::string::npos) << message;
+    }
+    // Recomputing them is what happens anyway.
+    sac::Policy::answer_ops({"aten::arange"}, sac::CheckpointPolicy::MustRecompute);
+    return;
+  }
+  auto x = torch::randn({4}, torch::requires_grad());
+  auto f = [](const at::Tensor& a) { return (a * torch::arange(4)).sin(); };
+  auto stats = std::make_shared<sac::RegionStatistics>();
+  const auto options = sac::CheckpointOptions()
+                           .policy(sac::Policy::save_ops({"aten::arange", "aten::mul.Tensor"}))
+                           .statistics(stats);
+  const auto expected = sac_test::run_and_grad([&] { return f(x); }, {x}, {});
+  const auto actual = sac_test::run_and_grad([&] { return sac::checkpoint(options, f, x); }, {x}, {});
+  sac_test::expect_bit_identical(expected, actual);
+  EXPECT_EQ(stats->read().calls_saved, 2u);  // arange and mul
+}
+
+// A callback cannot be refused up front: it is told once per op when it
+// keeps a call of one (made through at::, which per-op kernels do see).
+TEST_F(PolicyTest, ACallbackKeepingAFactoryOpIsWarnedUnderPerOpKernelsOnly) {
+  struct Warnings : c10::WarningHandler {
+    void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
+    std::vector<std::string> messages;
+  } warnings;
+  c10::WarningUtils::WarningHandlerGuard guard(&warnings);
+  auto x = torch::randn({4}, torch::requires_grad());
+  auto f = [](const at::Tensor& a) { return (a * at::zeros({4}).add(1.5)).sin(); };
+  const auto options = sac::CheckpointOptions().policy(sac::Policy::from_fn(
+      [](const sac::SelectiveCheckpointContext&, const c10::OperatorHandle&,
+         c10::ArrayRef<c10::IValue>) { return true; }));
+  for (int i = 0; i < 2; ++i) {
+    sac_test::run_and_grad([&] { return sac::checkpoint(options, f, x); }, {x}, {});
+  }
+  size_t warned = 0;
+  for (const auto& message : warnings.messages) {
+    warned += message.find("per-op kernels never see") != std::string::npos &&
+              message.find("aten::zeros") != std::string::npos;
+  }
+  const bool per_op = sac::dispatch::mechanism() == sac::dispatch::Mechanism::PerOpKernels;
+  EXPECT_EQ(warned, per_op ? 1u : 0u);
+}

@@ -80,6 +80,11 @@ TEST_F(Statistics, EqualCountedBytesAndExplainedCalls) {
     EXPECT_EQ(f.bytes_offloaded, 0);
     EXPECT_EQ(f.calls_seen, decided_calls);
     EXPECT_EQ(f.calls_saved + f.calls_offloaded + f.calls_recomputed, f.calls_seen);
+    if (policy.describe() == "nothing_saveable") {
+      // It asks about no op: nothing is counted, nothing dropped.
+      EXPECT_EQ(f.calls_seen, 0u);
+      EXPECT_EQ(f.bytes_dropped, 0);
+    }
 
     torch::manual_seed(7);
     const sac::Explanation e = sac::explain(policy, [&] { block->forward(x); });

@@ -70,14 +70,21 @@ namespace {
 
 // Where the fuzzer's offload answers go: copies in memory of their own, as a
 // host would hold them (a CPU tensor has nowhere else to go).
+// It copies the memory a tensor spans, so that a broadcast (stride 0) view
+// keeps its sizes and strides. It takes every tensor: as host_memory() takes
+// an accelerator's.
 class HostCopies final : public sac::CopyTarget {
  public:
   bool accepts(const at::Tensor&) const override { return true; }
-  at::Tensor copy_out(const at::Tensor& t) override {
-    return at::empty_strided(t.sizes(), t.strides(), t.options()).copy_(t);
-  }
-  at::Tensor copy_back(const at::Tensor& copy, c10::Device device) override {
-    return at::empty_strided(copy.sizes(), copy.strides(), copy.options().device(device)).copy_(copy);
+  at::Tensor copy_out(const at::Tensor& t) override { return span_copy(t, t.device()); }
+  at::Tensor copy_back(const at::Tensor& copy, c10::Device device) override { return span_copy(copy, device); }
+
+ private:
+  static at::Tensor span_copy(const at::Tensor& t, c10::Device device) {
+    int64_t span = t.numel() == 0 ? 0 : 1;
+    for (int64_t d = 0; d < t.dim() && span > 0; ++d) span += (t.size(d) - 1) * t.stride(d);
+    const at::Tensor flat = t.as_strided({span}, {1}, t.storage_offset());
+    return flat.to(device, /*non_blocking=*/false, /*copy=*/true).as_strided(t.sizes(), t.strides(), 0);
   }
 };
 
@@ -98,6 +105,7 @@ bool modifies_region_output_later(const Program& p);
 bool modifies_region_read_later(const Program& p);
 bool retains_graph(const Program& p);
 bool has_inner_grad(const Program& p);
+bool under_offload_guard(const Program& p);
 
 struct AllowedError {
   const char* substring;
@@ -110,6 +118,9 @@ const AllowedError kAllowedErrors[] = {
     // argument modified in place after the region read it fails here even
     // where plain autograd saved nothing of it.
     {"modified by an inplace operation", "inplace-modified", nullptr},
+    // The same check where sac::OffloadGuard's hooks keep the saved tensor.
+    {"sac::OffloadGuard: a tensor saved for backward was modified in place", "inplace-modified",
+     &under_offload_guard},
     // A selective region serves its cache to one backward pass; a second
     // backward through it cannot be served: retain_graph and a second
     // backward of the loss, or an inner torch::autograd::grad that runs
@@ -126,6 +137,9 @@ const AllowedError kAllowedErrors[] = {
     {"was modified in place after the checkpointed function read it", "outside-modified",
      &modifies_region_read_later},
     {"was modified in place after the forward read it", "outside-modified", &modifies_region_read_later},
+    // The same for a sac::CheckpointRegion guard, whose outside tensors are
+    // its region's inputs and captured leaves alike.
+    {"was modified in place after the region read it", "outside-modified", &modifies_region_read_later},
 };
 
 constexpr int kIterations = 3;
@@ -255,6 +269,8 @@ enum class Op {
   Cast64,
   // attention, modules, non-tensor values, inner backward, buffer
   Sdpa, LinearModule, LayerNormModule, ItemScale, InnerGrad, BufferMutate,
+  // data from the host, views of one memory read together
+  HostConst, HostIndex, OverlapMul,
 };
 
 // Name and, for compound steps, what the step computes (a, b, c: its inputs).
@@ -304,6 +320,9 @@ std::pair<const char*, const char*> op_name(Op op) {
     case Op::ItemScale: return {"item_scale", "a * tanh(b.mean().item<double>())"};
     case Op::InnerGrad: return {"inner_grad", "autograd::grad(sum(sin(a) * b), a, create_graph=true)"};
     case Op::BufferMutate: return {"buffer_inplace", ""};
+    case Op::HostConst: return {"host_const", "a * c, c made from host data in the step"};
+    case Op::HostIndex: return {"host_index", "a.index_select(0, torch::tensor(std::vector<int64_t>{...}))"};
+    case Op::OverlapMul: return {"overlap_mul", "a.narrow(-1, start, n) * b, b a narrow view of a"};
   }
   return {"?", ""};
 }
@@ -385,6 +404,10 @@ struct Program {
   std::vector<int> loss;        // value ids summed into the loss
   bool second_backward = false;  // backward twice, the first retaining the graph
   int buffer = -1;
+  // The checkpointed run's forward inside a sac::OffloadGuard: 0 none; its
+  // target takes 1 every tensor, 2 every tensor but the parameters (keep),
+  // 3 nothing (min_bytes).
+  int offload_guard = 0;
   std::map<std::pair<int, int>, int> region_at;  // (parent, begin) -> region
 
   std::string describe(const Step& s) const;
@@ -443,6 +466,18 @@ std::string Program::describe(const Step& s) const {
         << " dropout_p=" << s.reals[0];
       break;
     case Op::BufferMutate: o << (s.ints[0] ? " [buf.mul_(0.9)]" : " [buf.add_(0.25)]"); break;
+    case Op::HostConst: {
+      const char* v[] = {"c = torch::tensor(data)", "c = torch::tensor(data).mul_(0.5)",
+                         "c = torch::from_blob(host memory the run owns)",
+                         "c = torch::tensor(data); a = a + c; c[0] += 1 (host)",
+                         "c = torch::empty(n); c[:half].fill_(0.25) (op); c[half:] = data (host)"};
+      o << " [" << v[s.ints[0]] << "] data=";
+      for (size_t i = 0; i < s.reals.size(); ++i) o << (i ? "," : "[") << s.reals[i];
+      o << "]";
+      break;
+    }
+    case Op::HostIndex: o << " index=" << shape_str(s.ints); break;
+    case Op::OverlapMul: flag("start", s.ints[0]); break;
     default: break;
   }
   if (!s.out.empty()) {
@@ -492,8 +527,10 @@ std::string Program::describe(const Region& r, int index) const {
 
 std::string Program::listing() const {
   std::ostringstream o;
+  const char* guards[] = {"", " OffloadGuard(takes all)", " OffloadGuard(keeps params)",
+                          " OffloadGuard(takes nothing)"};
   o << "program " << seed << ": B=" << B << " T=" << T << " W=" << W << " H=" << H << " R=" << R
-    << (second_backward ? " second_backward(retain_graph)" : "") << "\n";
+    << (second_backward ? " second_backward(retain_graph)" : "") << guards[offload_guard] << "\n";
   o << "leaves:";
   for (const auto& v : values) {
     if (v.leaf == Leaf::None) continue;
@@ -584,6 +621,8 @@ bool modifies_region_read_later(const Program& p) {
 
 bool retains_graph(const Program& p) { return p.second_backward; }
 
+bool under_offload_guard(const Program& p) { return p.offload_guard != 0; }
+
 bool has_inner_grad(const Program& p) {
   for (const auto& s : p.steps) {
     if (s.op == Op::InnerGrad) return true;
@@ -608,6 +647,8 @@ std::string features(const Program& p) {
       f.insert(inside(i) ? "random-in-region" : "random-outside-regions");
     }
     if (s.op == Op::ItemScale && inside(i)) f.insert("item-in-region");
+    if ((s.op == Op::HostConst || s.op == Op::HostIndex) && inside(i)) f.insert("host-data-in-region");
+    if (s.op == Op::OverlapMul) f.insert("overlapping-views");
   }
   for (const auto& r : p.regions) {
     if (r.parent >= 0) f.insert("nested");
@@ -634,6 +675,7 @@ std::string features(const Program& p) {
   if (modifies_region_output_later(p)) f.insert("region-output-modified-later");
   if (modifies_region_read_later(p)) f.insert("region-read-modified-later");
   if (p.second_backward) f.insert("retain_graph");
+  if (p.offload_guard != 0) f.insert("offload-guard");
   std::string out;
   for (const auto& x : f) out += (out.empty() ? "" : " ") + x;
   return out;
@@ -711,6 +753,7 @@ class Generator {
     }
     choose_loss();
     p_.second_backward = coin(0.15);
+    p_.offload_guard = coin(0.3) ? uniform(1, 3) : 0;
     choose_regions();
     return std::move(p_);
   }
@@ -902,6 +945,7 @@ class Generator {
         {"cast", 3, &Generator::cast},                {"attention", 4, &Generator::attention},
         {"modules", 7, &Generator::modules},          {"scalar", 2, &Generator::scalar},
         {"inner_grad", 4, &Generator::inner_grad},    {"buffer", 2, &Generator::buffer},
+        {"host_data", 5, &Generator::host_data},      {"overlap", 4, &Generator::overlap},
     };
     return all;
   }
@@ -1217,6 +1261,40 @@ class Generator {
     emit(Op::BufferMutate, {p_.buffer}, {}, {coin(0.5)});
   }
 
+  void host_data() {
+    const int a = pick(find([](const Value& v) { return !v.shape.empty(); }));
+    const auto& sh = shape(a);
+    if (coin(0.35)) {
+      // Rows picked by an index made from host data: autograd saves it.
+      std::vector<int64_t> index(uniform(1, sh[0] + 1));
+      for (auto& i : index) i = uniform(0, sh[0] - 1);
+      auto out = sh;
+      out[0] = index.size();
+      emit(Op::HostIndex, {a}, {fval(out, rg({a}))}, index);
+      return;
+    }
+    std::vector<double> data(sh.back());
+    for (auto& d : data) d = std::round(real(-2, 2) * 8) / 8;
+    saves(emit(Op::HostConst, {a}, {fval(sh, rg({a}))}, {uniform(0, 4)}, data), {a});
+  }
+
+  void overlap() {
+    // A narrow view read with the value it views: where both were made before
+    // a region, two outside tensors on one memory.
+    std::vector<int> views;
+    for (size_t i = 0; i < p_.values.size(); ++i) {
+      const Value& v = p_.values[i];
+      if (v.def >= 0 && p_.steps[v.def].op == Op::Narrow && !v.dead && !val(p_.steps[v.def].in[0]).dead) {
+        views.push_back(i);
+      }
+    }
+    if (views.empty()) return view();
+    const int v = pick(views);
+    const int base = p_.steps[val(v).def].in[0];
+    const int64_t n = shape(v).back(), start = uniform(0, shape(base).back() - n);
+    saves(emit(Op::OverlapMul, {base, v}, {fval(shape(v), rg({base, v}))}, {start}), {base, v});
+  }
+
   // ---- loss and regions
   void choose_loss() {
     bool grad = false;
@@ -1418,6 +1496,14 @@ class Runner {
       : p_(p), inst_(inst), checkpointed_(checkpointed) {}
 
   at::Tensor forward() {
+    std::optional<sac::OffloadGuard> offload;
+    if (checkpointed_ && p_.offload_guard != 0) {
+      sac::OffloadOptions options;
+      options.target(std::make_shared<HostCopies>());
+      if (p_.offload_guard == 2) options.keep(inst_.params);
+      if (p_.offload_guard == 3) options.min_bytes(int64_t{1} << 40);
+      offload.emplace(options);
+    }
     Env env = inst_.leaves;
     exec(env, 0, p_.steps.size(), -1);
     at::Tensor loss;
@@ -1755,6 +1841,38 @@ class Runner {
       case Op::BufferMutate:
         if (s.ints[0]) in(0).mul_(0.9); else in(0).add_(0.25);
         break;
+      // data from the host, views of one memory
+      case Op::HostConst: {
+        const std::vector<float> data(s.reals.begin(), s.reals.end());
+        const auto n = static_cast<int64_t>(data.size());
+        at::Tensor a = in(0), c;
+        switch (s.ints[0]) {
+          case 0: c = torch::tensor(data); break;
+          case 1: c = torch::tensor(data).mul_(0.5); break;
+          case 2: {
+            // Memory the run owns and never changes, outside any allocator.
+            auto& blob = blobs_[&s];
+            if (blob.empty()) blob = data;
+            c = torch::from_blob(blob.data(), {n});
+            break;
+          }
+          case 3:
+            c = torch::tensor(data);
+            a = a + c;
+            c.data_ptr<float>()[0] += 1;
+            break;
+          default: {
+            c = torch::empty({n});
+            const int64_t half = (n + 1) / 2;
+            c.narrow(0, 0, half).fill_(0.25);
+            for (int64_t i = half; i < n; ++i) c.data_ptr<float>()[i] = data[i];
+          }
+        }
+        set(0, a * c);
+        break;
+      }
+      case Op::HostIndex: set(0, in(0).index_select(0, torch::tensor(s.ints))); break;
+      case Op::OverlapMul: set(0, in(0).narrow(-1, s.ints[0], in(1).size(-1)) * in(1)); break;
     }
   }
 
@@ -1762,6 +1880,7 @@ class Runner {
   Instance& inst_;
   bool checkpointed_;
   std::map<int, sac::Policy> policies_;
+  std::map<const Step*, std::vector<float>> blobs_;  // HostConst's from_blob memory
 };
 
 // What one iteration produced.
