@@ -27,9 +27,12 @@ void set_state(at::Generator live, const at::Tensor& state) {
   live.set_state(state);
 }
 
-// The accelerator type autocast is captured for: CUDA if any input is on it,
-// else the first non-CPU input's device type (PyTorch's _infer_device_type).
-std::optional<c10::DeviceType> accelerator_type(const std::vector<at::Tensor>& inputs) {
+// The device type autocast is captured for besides the CPU, as PyTorch's
+// checkpoint infers it (_infer_device_type): CUDA if any input is on it,
+// else the first input's type that is not the CPU's (meta included), else
+// CUDA. Autocast is captured only for a type that has it
+// (is_autocast_available: not meta).
+c10::DeviceType autocast_type(const std::vector<at::Tensor>& inputs) {
   std::optional<c10::DeviceType> first;
   for (const auto& t : inputs) {
     if (!t.defined() || t.device().is_cpu()) {
@@ -42,7 +45,7 @@ std::optional<c10::DeviceType> accelerator_type(const std::vector<at::Tensor>& i
       first = t.device().type();
     }
   }
-  return first;
+  return first.value_or(c10::DeviceType::CUDA);
 }
 
 }  // namespace
@@ -58,7 +61,7 @@ ForwardState ForwardState::capture(const std::vector<at::Tensor>& inputs,
       }
     }
   }
-  return capture_devices(accelerator_type(inputs), devices, preserve_rng);
+  return capture_devices(autocast_type(inputs), devices, preserve_rng);
 }
 
 ForwardState ForwardState::capture_current(bool preserve_rng) {
@@ -67,16 +70,16 @@ ForwardState ForwardState::capture_current(bool preserve_rng) {
   if (accelerator.has_value() && at::accelerator::deviceCount() > 0) {
     devices.emplace_back(*accelerator, at::accelerator::getDeviceIndex());
   }
-  return capture_devices(accelerator, devices, preserve_rng);
+  return capture_devices(accelerator.value_or(c10::DeviceType::CUDA), devices, preserve_rng);
 }
 
-ForwardState ForwardState::capture_devices(std::optional<c10::DeviceType> accelerator,
+ForwardState ForwardState::capture_devices(c10::DeviceType autocast_device,
                                            const std::vector<c10::Device>& devices,
                                            bool preserve_rng) {
   ForwardState state;
   std::vector<c10::DeviceType> autocast_types{c10::DeviceType::CPU};
-  if (accelerator.has_value()) {
-    autocast_types.push_back(*accelerator);
+  if (at::autocast::is_autocast_available(autocast_device)) {
+    autocast_types.push_back(autocast_device);
   }
   for (const auto type : autocast_types) {
     state.autocast_.push_back({type, at::autocast::is_autocast_enabled(type),

@@ -25,13 +25,14 @@ using GeneratorState = std::pair<at::Generator, at::Generator>;
 // Snapshot of the state at the start of a checkpointed forward.
 class ForwardState {
  public:
-  // Captures autocast (CPU and the inputs' accelerator type) and, if
-  // `preserve_rng`, the CPU generator and the default generator of each
-  // accelerator device among `inputs` (as PyTorch does, only those devices).
+  // Captures autocast (CPU and the device type PyTorch's checkpoint infers
+  // from the inputs: CUDA by default) and, if `preserve_rng`, the CPU
+  // generator and the default generator of each accelerator device among
+  // `inputs` (as PyTorch does, only those devices).
   static ForwardState capture(const std::vector<at::Tensor>& inputs,
                               bool preserve_rng);
   // For a region without inputs: the CPU and, if this process has one, the
-  // current device of the accelerator.
+  // current device of the accelerator (autocast: its type, else CUDA).
   static ForwardState capture_current(bool preserve_rng);
 
   // While alive: the forward's generator states and autocast settings are
@@ -51,7 +52,7 @@ class ForwardState {
   };
 
  private:
-  static ForwardState capture_devices(std::optional<c10::DeviceType> accelerator,
+  static ForwardState capture_devices(c10::DeviceType autocast_device,
                                       const std::vector<c10::Device>& devices,
                                       bool preserve_rng);
 

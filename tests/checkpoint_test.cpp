@@ -209,6 +209,31 @@ TEST_F(Checkpoint, AutocastStateRestoredForRecomputation) {
   expect_bit_identical(expected, under_autocast([&] { return sac::checkpoint(f, x); }));
 }
 
+// As PyTorch's checkpoint: with only CPU inputs, CUDA's autocast settings
+// are captured too (the inferred device type defaults to CUDA), and a meta
+// input is a device type without autocast, not an error.
+TEST_F(Checkpoint, AutocastCapturedForTheInferredDeviceType) {
+  std::vector<bool> seen;
+  auto f = [&](const at::Tensor& in) {
+    seen.push_back(at::autocast::is_autocast_enabled(at::kCUDA));
+    return in.sin();
+  };
+  auto y = [&] {
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+    struct Off {
+      ~Off() { at::autocast::set_autocast_enabled(at::kCUDA, false); }
+    } off;
+    return sac::checkpoint(f, x);
+  }();
+  y.sum().backward();
+  EXPECT_EQ(seen, (std::vector<bool>{true, true})) << "forward, then recomputation";
+
+  auto meta = torch::randn({3}, torch::device(torch::kMeta).requires_grad(true));
+  auto m = sac::checkpoint([](const at::Tensor& in) { return in.sin() * 2; }, meta);
+  EXPECT_TRUE(m.is_meta());
+  EXPECT_TRUE(torch::autograd::grad({m.sum()}, {meta})[0].is_meta());
+}
+
 TEST_F(Checkpoint, ExceptionInTheFunctionLeavesNoState) {
   auto plain_grad = [&] { return torch::autograd::grad({torch::tanh(x.mm(w)).sum()}, {w})[0]; };
   const auto before = plain_grad();
