@@ -17,28 +17,34 @@ namespace sac_examples {
 class HostArena final : public sac::CopyTarget {
  public:
   bool accepts(const at::Tensor&) const override { return true; }
+  // Copies with t's sizes and strides, a broadcast dimension copied once
+  // (sac/region/copy_target.h), as host_memory() makes them.
   at::Tensor copy_out(const at::Tensor& t) override {
+    const at::Tensor source = sac::without_broadcast(t);
+    const at::IntArrayRef strides = source.strides();
     const auto bytes = static_cast<int64_t>(
-        at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.itemsize()));
+        at::detail::computeStorageNbytes(source.sizes(), strides, t.itemsize()));
     void* memory = std::malloc(static_cast<size_t>(bytes) + 1);
     *held_ += bytes;
     ++copies_;
     auto held = held_;
     at::Tensor copy = at::from_blob(
-        memory, t.sizes(), t.strides(),
+        memory, source.sizes(), strides,
         [held, bytes](void* p) {
           *held -= bytes;
           std::free(p);
         },
         t.options());
-    copy.copy_(t);
-    return copy;
+    copy.copy_(source);
+    return copy.expand(t.sizes());
   }
   at::Tensor copy_back(const at::Tensor& copy, c10::Device device) override {
     ++returns_;
-    at::Tensor back = at::empty_strided(copy.sizes(), copy.strides(), copy.options().device(device));
-    back.copy_(copy);
-    return back;
+    const at::Tensor source = sac::without_broadcast(copy);
+    at::Tensor back =
+        at::empty_strided(source.sizes(), source.strides(), copy.options().device(device));
+    back.copy_(source);
+    return back.expand(copy.sizes());
   }
   int64_t held() const { return *held_; }
   int64_t copies() const { return copies_; }

@@ -1,79 +1,131 @@
 #include <sac/region/copy_target.h>
 
+#include <sac/region/device_ops.h>
+
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/Event.h>
-#include <c10/core/Stream.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 
 namespace sac {
 namespace {
 
-class HostMemory final : public CopyTarget {
+class VirtualDeviceOps final : public DeviceOps {
  public:
-  bool accepts(const at::Tensor& t) const override { return !t.is_cpu(); }
-
-  at::Tensor copy_out(const at::Tensor& t) override {
-    const c10::impl::VirtualGuardImpl device(t.device().type());
-    const c10::Stream current = device.getStream(t.device());
-    const c10::Stream side = side_stream(t.device());
-    wait(side, current);  // t is made by work queued on the current stream
-    at::Tensor host = at::empty_strided(t.sizes(), t.strides(),
-                                        t.options().device(c10::kCPU).pinned_memory(true));
-    {
-      c10::StreamGuard on_side(side);
-      host.copy_(t, /*non_blocking=*/true);
-    }
-    // The caller drops t now: its memory may be reused only after the copy.
-    device.recordDataPtrOnStream(t.storage().data_ptr(), side);
-    return host;
+  bool on_device(const at::Tensor& t) const override {
+    // Device types whose guard has streams and a caching allocator that
+    // records them; MPS and meta have neither, sparse tensors no strides.
+    const c10::DeviceType type = t.device().type();
+    return t.layout() == c10::kStrided &&
+           (type == c10::DeviceType::CUDA || type == c10::DeviceType::HIP ||
+            type == c10::DeviceType::XPU);
   }
-
-  at::Tensor copy_back(const at::Tensor& copy, c10::Device to) override {
-    const c10::impl::VirtualGuardImpl device(to.type());
-    const c10::Stream current = device.getStream(to);
-    const c10::Stream side = side_stream(to);
-    // Allocated for the current stream, which uses it from now on.
-    at::Tensor back = at::empty_strided(copy.sizes(), copy.strides(), copy.options().device(to));
-    {
-      c10::StreamGuard on_side(side);
-      back.copy_(copy, /*non_blocking=*/true);
-    }
-    wait(current, side);
-    return back;
+  c10::Stream current_stream(c10::Device device) override {
+    return c10::impl::VirtualGuardImpl(device.type()).getStream(device);
   }
-
- private:
-  // `waiting` runs the work queued after this call only once the work
-  // queued on `on` so far is done.
-  static void wait(const c10::Stream& waiting, const c10::Stream& on) {
+  c10::Stream side_stream(c10::Device device, bool to_host) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& streams = to_host ? to_host_ : to_device_;
+    auto it = streams.find(device);
+    if (it == streams.end()) {
+      const c10::impl::VirtualGuardImpl impl(device.type());
+      it = streams.emplace(device, impl.getStreamFromGlobalPool(device)).first;
+    }
+    return it->second;
+  }
+  void wait(const c10::Stream& waiting, const c10::Stream& on) override {
     c10::Event done(on.device_type());
     done.record(on);
     done.block(waiting);
   }
-
-  c10::Stream side_stream(c10::Device device) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = streams_.find(device);
-    if (it == streams_.end()) {
-      const c10::impl::VirtualGuardImpl impl(device.type());
-      it = streams_.emplace(device, impl.getStreamFromGlobalPool(device)).first;
-    }
-    return it->second;
+  at::Tensor empty_on(const c10::Stream& stream, at::IntArrayRef sizes, at::IntArrayRef strides,
+                      const at::TensorOptions& options) override {
+    c10::StreamGuard on(stream);  // the caching allocator takes the current stream's pool
+    return at::empty_strided(sizes, strides, options.device(stream.device()));
+  }
+  at::Tensor empty_pinned(at::IntArrayRef sizes, at::IntArrayRef strides,
+                          const at::TensorOptions& options) override {
+    return at::empty_strided(sizes, strides, options.device(c10::kCPU).pinned_memory(true));
+  }
+  void copy(const at::Tensor& dst, const at::Tensor& src, const c10::Stream& stream) override {
+    c10::StreamGuard on(stream);
+    const_cast<at::Tensor&>(dst).copy_(src, /*non_blocking=*/true);
+  }
+  void record_stream(const at::Tensor& t, const c10::Stream& stream) override {
+    c10::impl::VirtualGuardImpl(stream.device_type())
+        .recordDataPtrOnStream(t.storage().data_ptr(), stream);
   }
 
+ private:
   std::mutex mutex_;
-  std::unordered_map<c10::Device, c10::Stream> streams_;
+  std::unordered_map<c10::Device, c10::Stream> to_host_, to_device_;
+};
+
+// Pinned host memory, ordered as PyTorch's caching allocator requires.
+class HostMemory final : public CopyTarget {
+ public:
+  explicit HostMemory(std::shared_ptr<DeviceOps> ops) : ops_(std::move(ops)) {}
+
+  bool accepts(const at::Tensor& t) const override { return ops_->on_device(t); }
+
+  at::Tensor copy_out(const at::Tensor& t) override {
+    const c10::Stream current = ops_->current_stream(t.device());
+    const c10::Stream side = ops_->side_stream(t.device(), /*to_host=*/true);
+    ops_->wait(side, current);  // t is made by work queued on the current stream
+    const at::Tensor source = without_broadcast(t);
+    at::Tensor host = ops_->empty_pinned(source.sizes(), source.strides(), t.options());
+    ops_->copy(host, source, side);
+    // The caller drops t now: its memory may be reused only after the copy.
+    ops_->record_stream(t, side);
+    return host.expand(t.sizes());
+  }
+
+  at::Tensor copy_back(const at::Tensor& copy, c10::Device to) override {
+    const c10::Stream current = ops_->current_stream(to);
+    const c10::Stream side = ops_->side_stream(to, /*to_host=*/false);
+    const at::Tensor source = without_broadcast(copy);  // pinned
+    // From the side stream's pool: the side stream writes it first, so no
+    // kernel still queued on the current stream can be using the block.
+    at::Tensor back = ops_->empty_on(side, source.sizes(), source.strides(), copy.options());
+    ops_->copy(back, source, side);
+    ops_->wait(current, side);
+    // From now on the current stream uses it: freed, it waits for that work.
+    ops_->record_stream(back, current);
+    return back.expand(copy.sizes());
+  }
+
+ private:
+  std::shared_ptr<DeviceOps> ops_;
 };
 
 }  // namespace
 
+at::Tensor without_broadcast(const at::Tensor& t) {
+  at::Tensor out = t;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.stride(d) == 0 && t.size(d) > 1) {
+      out = out.narrow(d, 0, 1);
+    }
+  }
+  return out;
+}
+
+std::shared_ptr<DeviceOps> device_ops() {
+  static const std::shared_ptr<DeviceOps> ops = std::make_shared<VirtualDeviceOps>();
+  return ops;
+}
+
 std::shared_ptr<CopyTarget> host_memory() {
-  static const std::shared_ptr<CopyTarget> memory = std::make_shared<HostMemory>();
+  static const std::shared_ptr<CopyTarget> memory = host_memory(device_ops());
   return memory;
+}
+
+std::shared_ptr<CopyTarget> host_memory(std::shared_ptr<DeviceOps> ops) {
+  return std::make_shared<HostMemory>(std::move(ops));
 }
 
 }  // namespace sac

@@ -27,12 +27,27 @@ class CopyTarget {
   virtual at::Tensor copy_back(const at::Tensor& copy, c10::Device device) = 0;
 };
 
-// Pinned host memory. An accelerator's copies run on a side stream of its
-// own, one per device: a copy out waits for the work queued before it (which
-// made the tensor) but not the work queued after, which overlaps with it;
-// the device memory is handed back to the allocator at once and reused only
-// after the copy read it. A copy back is queued on the side stream, and the
-// device's current stream waits for it.
+// Pinned host memory for an accelerator's tensors (CUDA, HIP, XPU; strided):
+// CPU, meta and sparse tensors stay where they are. Copies keep the sizes
+// and strides (autograd's kernels can round differently on other strides):
+// a broadcast (stride 0) dimension is copied once and expanded again; a view
+// with gaps is copied with its span. Copies out run on a side
+// stream per device, which waits for the work queued before (it made the
+// tensor) but not the work queued after, which overlaps; the device memory
+// is handed back to the allocator at once and reused only after the copy
+// read it. Copies back run on a second side stream, into memory allocated
+// from that stream's pool, and the current stream waits for them.
 std::shared_ptr<CopyTarget> host_memory();
+
+class DeviceOps;
+// The same through `ops` (sac/region/device_ops.h): tests check the order of
+// its operations with a fake on the CPU.
+std::shared_ptr<CopyTarget> host_memory(std::shared_ptr<DeviceOps> ops);
+
+// For writing copy targets: `t` with its broadcast dimensions (stride 0)
+// cut to one element, what a copy with t's strides needs to hold (copy_
+// into a broadcast tensor fails); `copy.expand(t.sizes())` has t's sizes
+// and strides again.
+at::Tensor without_broadcast(const at::Tensor& t);
 
 }  // namespace sac

@@ -70,21 +70,22 @@ namespace {
 
 // Where the fuzzer's offload answers go: copies in memory of their own, as a
 // host would hold them (a CPU tensor has nowhere else to go).
-// It copies the memory a tensor spans, so that a broadcast (stride 0) view
-// keeps its sizes and strides. It takes every tensor: as host_memory() takes
-// an accelerator's.
+// Copies with the tensor's sizes and strides, as host_memory() makes them: a
+// broadcast (stride 0) dimension is copied once. It takes every tensor: as
+// host_memory() takes an accelerator's.
 class HostCopies final : public sac::CopyTarget {
  public:
   bool accepts(const at::Tensor&) const override { return true; }
-  at::Tensor copy_out(const at::Tensor& t) override { return span_copy(t, t.device()); }
-  at::Tensor copy_back(const at::Tensor& copy, c10::Device device) override { return span_copy(copy, device); }
+  at::Tensor copy_out(const at::Tensor& t) override { return dense_copy(t, t.device()); }
+  at::Tensor copy_back(const at::Tensor& copy, c10::Device device) override {
+    return dense_copy(copy, device);
+  }
 
  private:
-  static at::Tensor span_copy(const at::Tensor& t, c10::Device device) {
-    int64_t span = t.numel() == 0 ? 0 : 1;
-    for (int64_t d = 0; d < t.dim() && span > 0; ++d) span += (t.size(d) - 1) * t.stride(d);
-    const at::Tensor flat = t.as_strided({span}, {1}, t.storage_offset());
-    return flat.to(device, /*non_blocking=*/false, /*copy=*/true).as_strided(t.sizes(), t.strides(), 0);
+  static at::Tensor dense_copy(const at::Tensor& t, c10::Device device) {
+    const at::Tensor source = sac::without_broadcast(t);
+    at::Tensor copy = at::empty_strided(source.sizes(), source.strides(), source.options().device(device));
+    return copy.copy_(source).expand(t.sizes());
   }
 };
 
@@ -1735,7 +1736,15 @@ class Runner {
       case Op::Addmm: set(0, torch::addmm(in(0), in(1), in(2))); break;
       // views
       case Op::View: set(0, in(0).view(s.ints)); break;
-      case Op::Reshape: set(0, in(0).reshape(s.ints)); break;
+      case Op::Reshape: {
+        // The generator's contiguity is conservative (an elementwise result
+        // of a non-contiguous input may well be contiguous): where it took
+        // the result for a copy, it is one, so that in-place ops on it never
+        // reach the input.
+        const bool view = p_.values[s.out[0]].storage == p_.values[s.in[0]].storage;
+        set(0, view ? in(0).reshape(s.ints) : in(0).reshape(s.ints).clone());
+        break;
+      }
       case Op::TransposeMix:
         set(0, in(0).dim() == 2 ? in(0).t().contiguous().t() : in(0).transpose(0, 1).contiguous().transpose(0, 1));
         break;
