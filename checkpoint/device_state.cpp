@@ -65,10 +65,15 @@ ForwardState ForwardState::capture(const std::vector<at::Tensor>& inputs,
 }
 
 ForwardState ForwardState::capture_current(bool preserve_rng) {
+  // Every device of the accelerator, not only the current one: the region
+  // may run on any, and has no inputs that would say which.
   const std::optional<c10::DeviceType> accelerator = at::getAccelerator(false);
   std::vector<c10::Device> devices;
-  if (accelerator.has_value() && at::accelerator::deviceCount() > 0) {
-    devices.emplace_back(*accelerator, at::accelerator::getDeviceIndex());
+  if (accelerator.has_value()) {
+    const auto count = static_cast<c10::DeviceIndex>(at::accelerator::deviceCount());
+    for (c10::DeviceIndex i = 0; i < count; ++i) {
+      devices.emplace_back(*accelerator, i);
+    }
   }
   return capture_devices(accelerator.value_or(c10::DeviceType::CUDA), devices, preserve_rng);
 }
@@ -88,14 +93,20 @@ ForwardState ForwardState::capture_devices(c10::DeviceType autocast_device,
   state.autocast_cache_enabled_ = at::autocast::is_autocast_cache_enabled();
 
   if (preserve_rng) {
-    std::vector<c10::Device> generator_devices{c10::Device(c10::DeviceType::CPU)};
-    generator_devices.insert(generator_devices.end(), devices.begin(), devices.end());
-    for (const auto& device : generator_devices) {
-      at::Generator live = at::globalContext().defaultGenerator(device);
-      state.generators_.emplace_back(live, snapshot(live));
+    std::vector<at::Generator> generators{
+        at::globalContext().defaultGenerator(c10::Device(c10::DeviceType::CPU))};
+    for (const auto& device : devices) {
+      generators.push_back(at::globalContext().defaultGenerator(device));
     }
+    state.add_generators(generators);
   }
   return state;
+}
+
+void ForwardState::add_generators(const std::vector<at::Generator>& generators) {
+  for (const auto& live : generators) {
+    generators_.emplace_back(live, snapshot(live));
+  }
 }
 
 ForwardState::Restore::Restore(const ForwardState& state)

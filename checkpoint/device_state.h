@@ -31,9 +31,14 @@ class ForwardState {
   // `inputs` (as PyTorch does, only those devices).
   static ForwardState capture(const std::vector<at::Tensor>& inputs,
                               bool preserve_rng);
-  // For a region without inputs: the CPU and, if this process has one, the
-  // current device of the accelerator (autocast: its type, else CUDA).
+  // For a region without inputs: the CPU and, if this process has one,
+  // every device of the accelerator (autocast: its type, else CUDA).
   static ForwardState capture_current(bool preserve_rng);
+
+  // Also snapshots `generators` (each restored with the others). The
+  // generators of devices this machine lacks are made by the same API, so
+  // tests stand CPU generators in for them.
+  void add_generators(const std::vector<at::Generator>& generators);
 
   // While alive: the forward's generator states and autocast settings are
   // current; on destruction the ones that were current before come back.

@@ -2,8 +2,11 @@
 // backward inside the function, early stop, and its errors.
 #include "support.h"
 
-#include <ATen/autocast_mode.h>
 #include <sac/checkpoint/debug_log.h>
+#include <sac/checkpoint/device_state.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
 
 #include <atomic>
 #include <thread>
@@ -232,6 +235,31 @@ TEST_F(Checkpoint, AutocastCapturedForTheInferredDeviceType) {
   auto m = sac::checkpoint([](const at::Tensor& in) { return in.sin() * 2; }, meta);
   EXPECT_TRUE(m.is_meta());
   EXPECT_TRUE(torch::autograd::grad({m.sum()}, {meta})[0].is_meta());
+}
+
+// A region guard has no inputs to take devices from: it snapshots the
+// generator of every device, and the replay restores each, not only the
+// current device's. Two CPU generators stand in for two devices' here.
+TEST_F(Checkpoint, ForwardStateRestoresEveryGeneratorItHolds) {
+  auto first = at::make_generator<at::CPUGeneratorImpl>(1);
+  auto second = at::make_generator<at::CPUGeneratorImpl>(2);
+  auto draw = [](at::Generator g) { return at::randn({4}, g); };
+  auto copy = [](at::Generator g) {
+    std::lock_guard<std::mutex> lock(g.mutex());
+    return g.clone();
+  };
+  auto state = sac::detail::ForwardState::capture_current(/*preserve_rng=*/true);
+  state.add_generators({first, second});
+  const auto forward_first = draw(first), forward_second = draw(second);
+  draw(second);  // the other device's work after the forward
+  const auto before_first = copy(first), before_second = copy(second);
+  {
+    sac::detail::ForwardState::Restore restore(state);
+    EXPECT_TRUE(torch::equal(draw(first), forward_first));
+    EXPECT_TRUE(torch::equal(draw(second), forward_second));
+  }
+  EXPECT_TRUE(torch::equal(draw(first), draw(before_first)));
+  EXPECT_TRUE(torch::equal(draw(second), draw(before_second)));
 }
 
 TEST_F(Checkpoint, ExceptionInTheFunctionLeavesNoState) {
