@@ -9,6 +9,7 @@
 #include <ATen/autocast_mode.h>
 
 #include <atomic>
+#include <mutex>
 #include <thread>
 
 namespace {
