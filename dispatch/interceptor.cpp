@@ -201,6 +201,15 @@ class Registry {
     }
   }
 
+  // The mechanism once something was intercepted, without a lock; else
+  // nothing.
+  std::optional<Mechanism> activated() const {
+    if (activated_.load(std::memory_order_acquire)) {
+      return *mechanism_;
+    }
+    return std::nullopt;
+  }
+
   Mechanism activate() {
     // Fast path: the mechanism is fixed after the first activation.
     if (activated_.load(std::memory_order_acquire)) {
@@ -415,7 +424,14 @@ bool per_op_kernels_miss(const c10::OperatorHandle& op) {
 }
 
 bool mechanism_misses(const c10::OperatorHandle& op) {
-  return per_op_kernels_miss(op) && mechanism() == Mechanism::PerOpKernels;
+  // Asked for every call a callback keeps: under the fallback key, once
+  // active, one load.
+  const std::optional<Mechanism> active = Registry::get().activated();
+  if (active == Mechanism::FallbackKey) {
+    return false;
+  }
+  return per_op_kernels_miss(op) &&
+         (active.has_value() ? *active : mechanism()) == Mechanism::PerOpKernels;
 }
 
 void intercept_ops(c10::ArrayRef<c10::OperatorHandle> ops) {
