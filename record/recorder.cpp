@@ -110,9 +110,12 @@ at::Tensor whole_storage(const at::Tensor& t) {
 // Whether host code changed `storage` since its bytes were taken. Only CPU
 // memory is compared: code outside the dispatcher writes host memory.
 bool differs_from(const c10::Storage& storage, const at::Tensor& bytes) {
-  return storage.device_type() == c10::kCPU &&
-         (static_cast<int64_t>(storage.nbytes()) != bytes.numel() ||
-          std::memcmp(storage.data(), bytes.const_data_ptr(), storage.nbytes()) != 0);
+  if (storage.device_type() != c10::kCPU) {
+    return false;
+  }
+  const size_t n = storage.nbytes();
+  return static_cast<int64_t>(n) != bytes.numel() ||
+         (n > 0 && std::memcmp(storage.data(), bytes.const_data_ptr(), n) != 0);
 }
 
 }  // namespace
