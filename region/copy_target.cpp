@@ -53,7 +53,7 @@ class VirtualDeviceOps final : public DeviceOps {
   }
   void copy(const at::Tensor& dst, const at::Tensor& src, const c10::Stream& stream) override {
     c10::StreamGuard on(stream);
-    const_cast<at::Tensor&>(dst).copy_(src, /*non_blocking=*/true);
+    dst.copy_(src, /*non_blocking=*/true);
   }
   void record_stream(const at::Tensor& t, const c10::Stream& stream) override {
     c10::impl::VirtualGuardImpl(stream.device_type())

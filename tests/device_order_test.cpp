@@ -33,7 +33,7 @@ class FakeDevice final : public sac::DeviceOps {
   }
   void copy(const at::Tensor& dst, const at::Tensor& src, const c10::Stream& stream) override {
     calls.push_back("copy on " + name(stream));
-    const_cast<at::Tensor&>(dst).copy_(src);
+    dst.copy_(src);
   }
   void record_stream(const at::Tensor&, const c10::Stream& stream) override {
     calls.push_back("record on " + name(stream));
