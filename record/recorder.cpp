@@ -269,8 +269,7 @@ ValueId Recorder::resolve(const at::Tensor& t) {
       state->latest_dtype == t.dtype()) {
     if (!state->outside.empty()) {
       // On outside memory: read as it is now.
-      recording_.outside_reads.push_back(
-          {VersionWatch(t), t.sizes().vec(), state->outside.back()});
+      watch_read(t, state->outside.back());
     }
     return add_alias(t, *state->latest);
   }
@@ -293,7 +292,7 @@ ValueId Recorder::add_outside(const at::Tensor& t) {
     Outside outside = layout_of(t);
     outside.saved = save_outside_(t);
     const size_t index = append_outside(std::move(outside));
-    recording_.outside_reads.push_back({VersionWatch(t), t.sizes().vec(), index});
+    watch_read(t, index);
     remember(t, recording_.outside[index].value);
     return recording_.outside[index].value;
   }
@@ -313,7 +312,7 @@ ValueId Recorder::add_outside(const at::Tensor& t) {
   outside.saved = save_outside_(whole);
   const size_t index = append_outside(std::move(outside));
   state.outside.push_back(index);
-  recording_.outside_reads.push_back({VersionWatch(t), t.sizes().vec(), index});
+  watch_read(t, index);
   const ValueId value = recording_.outside[index].value;
   if (spans_storage(t)) {
     remember(t, value);
@@ -322,6 +321,10 @@ ValueId Recorder::add_outside(const at::Tensor& t) {
   state.latest = value;
   state.latest_dtype = t.dtype();
   return add_alias(t, value);
+}
+
+void Recorder::watch_read(const at::Tensor& t, size_t outside) {
+  recording_.outside_reads.push_back({VersionWatch(t), t.sizes().vec(), outside});
 }
 
 ValueId Recorder::add_copied(const at::Tensor& t, StorageState& state) {

@@ -92,6 +92,9 @@ class Recorder final : public dispatch::OpObserver {
   ValueId resolve(const at::Tensor& t);
   ValueId add_alias(const at::Tensor& t, ValueId base);
   ValueId add_outside(const at::Tensor& t);
+  // `t`, read on the memory of Outside entry `outside`, must be unchanged
+  // when replay starts.
+  void watch_read(const at::Tensor& t, size_t outside);
   // An outside value that lies in the copy of `state`'s storage.
   ValueId add_copied(const at::Tensor& t, StorageState& state);
   Outside layout_of(const at::Tensor& t);

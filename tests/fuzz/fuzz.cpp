@@ -76,13 +76,13 @@ namespace {
 class HostCopies final : public sac::CopyTarget {
  public:
   bool accepts(const at::Tensor&) const override { return true; }
-  at::Tensor copy_out(const at::Tensor& t) override { return dense_copy(t, t.device()); }
+  at::Tensor copy_out(const at::Tensor& t) override { return strided_copy(t, t.device()); }
   at::Tensor copy_back(const at::Tensor& copy, c10::Device device) override {
-    return dense_copy(copy, device);
+    return strided_copy(copy, device);
   }
 
  private:
-  static at::Tensor dense_copy(const at::Tensor& t, c10::Device device) {
+  static at::Tensor strided_copy(const at::Tensor& t, c10::Device device) {
     const at::Tensor source = sac::without_broadcast(t);
     at::Tensor copy = at::empty_strided(source.sizes(), source.strides(), source.options().device(device));
     return copy.copy_(source).expand(t.sizes());
