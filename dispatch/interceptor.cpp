@@ -1,6 +1,7 @@
 #include <sac/dispatch/interceptor.h>
 
 #include <sac/dispatch/boxed.h>
+#include <sac/region/carried.h>
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
@@ -22,13 +23,34 @@ constexpr c10::DispatchKey kFallbackKey = c10::DispatchKey::Fake;
 constexpr c10::DispatchKey kPerOpKey = c10::DispatchKey::ADInplaceOrView;
 
 // The thread's interception state. `observing` caches "observers is not
-// empty and not suspended", so the hot path reads one struct.
+// empty and not suspended", so the hot path reads one struct. `shielded`:
+// interception is suspended or isolated here, so what a backward call
+// carried to this thread (below) does not apply either.
 struct ThreadState {
   OpInterceptor* interceptor = nullptr;
   bool observing = false;
+  bool shielded = false;
 };
 thread_local ThreadState tls_state;
 thread_local std::vector<OpObserver*> tls_observers;
+
+// The interceptor and observers of a thread that called backward, seen by
+// every thread that runs the backward's nodes (sac/region/carried.h). Those
+// threads may run at once, and the interceptor and observers are not
+// thread-safe: ops through them take turns.
+struct Carried {
+  Carried(OpInterceptor* interceptor, std::vector<OpObserver*> observers)
+      : interceptor(interceptor), observers(std::move(observers)) {}
+  OpInterceptor* const interceptor;
+  const std::vector<OpObserver*> observers;
+  std::recursive_mutex mutex;
+};
+constexpr std::string_view kCarriedName = "sac::dispatch::Carried";
+const c10::DebugInfoKind kCarriedSlot(&kCarriedName);
+
+Carried* carried_to(const ThreadState& state) {
+  return state.shielded ? nullptr : detail::carried<Carried>(kCarriedSlot);
+}
 
 // Set once sac's own fallback is registered on kFallbackKey.
 std::atomic<bool> our_fallback_registered{false};
@@ -39,7 +61,7 @@ std::atomic<bool> our_fallback_registered{false};
 void sync_fallback_key(const ThreadState& state) {
   const bool wanted =
       our_fallback_registered.load(std::memory_order_relaxed) &&
-      (state.interceptor != nullptr || state.observing);
+      (state.interceptor != nullptr || state.observing || carried_to(state) != nullptr);
   if (c10::impl::tls_is_dispatch_key_included(kFallbackKey) != wanted) {
     c10::impl::tls_set_dispatch_key_included(kFallbackKey, wanted);
   }
@@ -51,7 +73,7 @@ void sync_fallback_key(const ThreadState& state) {
 class SuspendInterception {
  public:
   explicit SuspendInterception(bool fallback_key_included)
-      : saved_(std::exchange(tls_state, ThreadState{})),
+      : saved_(std::exchange(tls_state, ThreadState{nullptr, false, /*shielded=*/true})),
         fallback_key_included_(fallback_key_included) {
     if (fallback_key_included_) {
       c10::impl::tls_set_dispatch_key_included(kFallbackKey, false);
@@ -71,6 +93,34 @@ class SuspendInterception {
   bool fallback_key_included_;
 };
 
+// Handles one op for `interceptor` (or runs it) and shows it to `observers`.
+template <c10::DispatchKey Key>
+void handle(const c10::OperatorHandle& op, c10::DispatchKeySet below,
+            torch::jit::Stack* stack, OpInterceptor* interceptor,
+            const std::vector<OpObserver*>& observers) {
+  // Reaching the fallback means the key is included; per-op kernels run with
+  // it excluded (sac includes it only under the fallback mechanism).
+  SuspendInterception suspend(/*fallback_key_included=*/Key == kFallbackKey);
+  const ObservedOp call{op, below, interceptor};
+  if (!observers.empty()) {
+    const auto args = arguments_on(op, *stack);
+    for (OpObserver* observer : observers) {
+      observer->before_op(call, args);
+    }
+  }
+  if (interceptor != nullptr) {
+    interceptor->intercept(op, below, stack);
+  } else {
+    op.redispatchBoxed(below, stack);
+  }
+  if (!observers.empty()) {
+    const auto outputs = outputs_on(op, *stack);
+    for (OpObserver* observer : observers) {
+      observer->after_op(call, outputs);
+    }
+  }
+}
+
 // The one boxed kernel, placed at `Key` by either mechanism.
 template <c10::DispatchKey Key>
 void intercepting_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
@@ -78,31 +128,17 @@ void intercepting_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
   const c10::DispatchKeySet below =
       ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, Key);
   const ThreadState state = tls_state;
-  if (state.interceptor == nullptr && !state.observing) {
-    op.redispatchBoxed(below, stack);
+  if (state.interceptor != nullptr || state.observing) {
+    static const std::vector<OpObserver*> none;
+    handle<Key>(op, below, stack, state.interceptor, state.observing ? tls_observers : none);
     return;
   }
-  // Reaching the fallback means the key is included; per-op kernels run with
-  // it excluded (sac includes it only under the fallback mechanism).
-  SuspendInterception suspend(/*fallback_key_included=*/Key == kFallbackKey);
-  const ObservedOp call{op, below, state.interceptor};
-  if (state.observing) {
-    const auto args = arguments_on(op, *stack);
-    for (OpObserver* observer : tls_observers) {
-      observer->before_op(call, args);
-    }
+  if (Carried* carried = carried_to(state)) {
+    std::lock_guard<std::recursive_mutex> turn(carried->mutex);
+    handle<Key>(op, below, stack, carried->interceptor, carried->observers);
+    return;
   }
-  if (state.interceptor != nullptr) {
-    state.interceptor->intercept(op, below, stack);
-  } else {
-    op.redispatchBoxed(below, stack);
-  }
-  if (state.observing) {
-    const auto outputs = outputs_on(op, *stack);
-    for (OpObserver* observer : tls_observers) {
-      observer->after_op(call, outputs);
-    }
-  }
+  op.redispatchBoxed(below, stack);
 }
 
 // Remembers ops defined after a filter was installed; they are registered
@@ -471,7 +507,40 @@ void remove_observer(OpObserver* observer) {
   sync_fallback_key(tls_state);
 }
 
-OpInterceptor* active_interceptor() { return tls_state.interceptor; }
+OpInterceptor* active_interceptor() {
+  if (tls_state.interceptor != nullptr) {
+    return tls_state.interceptor;
+  }
+  const Carried* carried = carried_to(tls_state);
+  return carried == nullptr ? nullptr : carried->interceptor;
+}
+
+struct CarryToEngineThreads::Carry {
+  Carry() : hidden(tls_state), hidden_observers(std::exchange(tls_observers, {})),
+            carry(kCarriedSlot, hidden.interceptor, hidden_observers) {
+    // This thread takes turns with the others too.
+    tls_state = ThreadState{};
+    sync_fallback_key(tls_state);
+  }
+  ~Carry() {
+    tls_state = hidden;
+    tls_observers = std::move(hidden_observers);
+  }
+  const ThreadState hidden;
+  std::vector<OpObserver*> hidden_observers;
+  detail::CarriedGuard<Carried> carry;
+};
+
+CarryToEngineThreads::CarryToEngineThreads() {
+  if (tls_state.interceptor != nullptr || tls_state.observing) {
+    carry_ = std::make_unique<Carry>();
+  }
+}
+
+CarryToEngineThreads::~CarryToEngineThreads() {
+  carry_.reset();
+  sync_fallback_key(tls_state);
+}
 
 bool observers_see_every_op(std::string* reason) {
   if (mechanism() == Mechanism::FallbackKey) {
@@ -508,6 +577,7 @@ void call_op(const c10::OperatorHandle& op, c10::DispatchKeySet below,
 IsolationGuard::IsolationGuard()
     : hidden_interceptor_(std::exchange(tls_state.interceptor, nullptr)),
       hidden_observing_(std::exchange(tls_state.observing, false)),
+      hidden_shielded_(std::exchange(tls_state.shielded, true)),
       hidden_fallback_included_(c10::impl::tls_is_dispatch_key_included(kFallbackKey)),
       hidden_observers_(std::exchange(tls_observers, {})) {
   sync_fallback_key(tls_state);
@@ -519,6 +589,7 @@ IsolationGuard::~IsolationGuard() {
                         "guard it was added under");
   tls_state.interceptor = hidden_interceptor_;
   tls_state.observing = hidden_observing_;
+  tls_state.shielded = hidden_shielded_;
   tls_observers = std::move(hidden_observers_);
   if (c10::impl::tls_is_dispatch_key_included(kFallbackKey) != hidden_fallback_included_) {
     c10::impl::tls_set_dispatch_key_included(kFallbackKey, hidden_fallback_included_);

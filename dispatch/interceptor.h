@@ -35,6 +35,7 @@
 #include <ATen/core/stack.h>
 #include <c10/core/DispatchKeySet.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -192,6 +193,7 @@ class IsolationGuard {
   // observer, interception is suspended, and must stay so after the guard.
   OpInterceptor* hidden_interceptor_;
   bool hidden_observing_;
+  bool hidden_shielded_;
   bool hidden_fallback_included_;
   std::vector<OpObserver*> hidden_observers_;
 };
@@ -207,8 +209,27 @@ struct InterceptorToken {
 InterceptorToken push_interceptor(OpInterceptor* interceptor);
 void pop_interceptor(const InterceptorToken& token);
 
-// The interceptor active on this thread, or nullptr.
+// The interceptor active on this thread (or carried to it, below), or
+// nullptr.
 OpInterceptor* active_interceptor();
+
+// While alive, the interceptor and observers active on this thread act on
+// every thread that runs under an at::ThreadLocalState captured meanwhile:
+// the autograd engine's device threads, for a backward called inside a
+// checkpointed forward, see what the calling thread sees. Those threads, and
+// this one, take turns through them, one op at a time. sac's autograd engine
+// holds one around each backward call (sac/checkpoint/saved_tensor_hooks.h).
+class CarryToEngineThreads {
+ public:
+  CarryToEngineThreads();
+  ~CarryToEngineThreads();
+  CarryToEngineThreads(const CarryToEngineThreads&) = delete;
+  CarryToEngineThreads& operator=(const CarryToEngineThreads&) = delete;
+
+ private:
+  struct Carry;
+  std::unique_ptr<Carry> carry_;
+};
 
 // RAII form of push_interceptor / pop_interceptor.
 class InterceptorGuard {

@@ -26,8 +26,25 @@ class TensorStash {
   virtual std::unique_ptr<torch::autograd::SavedVariableHooks> hooks() = 0;
 };
 
-// The innermost stash installed on this thread, or null.
+// The innermost stash installed on this thread (or carried to it, below), or
+// null.
 TensorStash* current_stash();
+
+// While alive, this thread's stash is the stash of every thread that runs
+// under an at::ThreadLocalState captured meanwhile and installs none of its
+// own (sac/region/carried.h): the autograd engine's device threads, for a
+// backward called under the stash.
+class CarryStash {
+ public:
+  CarryStash();
+  ~CarryStash();
+  CarryStash(const CarryStash&) = delete;
+  CarryStash& operator=(const CarryStash&) = delete;
+
+ private:
+  struct Carry;
+  std::unique_ptr<Carry> carry_;
+};
 
 // Installs `stash` on this thread for the scope's lifetime.
 class StashScope {

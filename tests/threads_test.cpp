@@ -4,10 +4,15 @@
 // threads. Every gradient is bit-identical to the un-checkpointed run.
 #include "support.h"
 
+#include <sac/offload/offload.h>
+#include <sac/region/stash.h>
+
+#include <ATen/ThreadLocalState.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <exception>
 #include <future>
 #include <mutex>
@@ -561,6 +566,162 @@ TEST_F(Threads, OnePolicyObjectSharedByFourThreads) {
       }
     }
   }
+  expect_clean(ThreadState::now(), "main thread");
+}
+
+// The autograd engine's thread for an accelerator, as the engine runs it:
+// one thread per device, which runs the device's nodes of every backward
+// under the state (at::ThreadLocalState) of the thread that called backward,
+// and runs a backward called on it inline. On a CPU-only machine the engine
+// has none, so a test node sends its work here.
+class FakeDeviceThread {
+ public:
+  FakeDeviceThread() : thread_([this] { loop(); }) {}
+  ~FakeDeviceThread() {
+    post(nullptr);
+    thread_.join();
+  }
+
+  // Runs `work` on the device thread (inline if this is it) under `state`.
+  void run(const at::ThreadLocalState& state, const std::function<void()>& work) {
+    run([&] {
+      at::ThreadLocalStateGuard guard(state);
+      work();
+    });
+  }
+  void run(const std::function<void()>& work) {
+    if (std::this_thread::get_id() == thread_.get_id()) {
+      work();
+      return;
+    }
+    std::packaged_task<void()> task(work);
+    auto done = task.get_future();
+    post([&task] { task(); });
+    done.get();
+  }
+
+ private:
+  void post(std::function<void()> work) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back(std::move(work));
+    ready_.notify_one();
+  }
+  void loop() {
+    single_intra_op_thread();
+    for (;;) {
+      std::function<void()> work;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        ready_.wait(lock, [this] { return !queue_.empty(); });
+        work = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      if (!work) return;
+      work();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::function<void()>> queue_;
+  std::thread thread_;
+};
+
+// What the device thread saw while it ran a node inside a checkpointed
+// forward.
+struct SeenOnDevice {
+  bool interceptor = false;
+  bool stash = false;
+};
+
+// y = h * h * w, whose backward runs on the fake device thread, as a CUDA
+// node's would.
+struct OnDevice : torch::autograd::Function<OnDevice> {
+  static FakeDeviceThread* device;
+  static SeenOnDevice* seen;
+
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& h,
+                            const at::Tensor& w) {
+    ctx->save_for_backward({h, w});
+    return h * h * w;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    torch::autograd::variable_list out(2);
+    device->run(at::ThreadLocalState(), [&] {
+      if (seen != nullptr) {
+        seen->interceptor |= sac::dispatch::active_interceptor() != nullptr;
+        seen->stash |= sac::current_stash() != nullptr;
+      }
+      out[0] = grads[0] * saved[0] * saved[1] * 2;
+      out[1] = grads[0] * saved[0] * saved[0];
+    });
+    return out;
+  }
+};
+FakeDeviceThread* OnDevice::device = nullptr;
+SeenOnDevice* OnDevice::seen = nullptr;
+
+// A gradient taken inside the forward (create_graph), whose backward runs a
+// node on the device thread: the ops and saves there belong to the region.
+at::Tensor grad_inside(const at::Tensor& x, const at::Tensor& w) {
+  const auto h = x.sin();
+  const auto y = OnDevice::apply(h, w);
+  const auto g = torch::autograd::grad({y.sum()}, {h}, {}, /*retain_graph=*/true,
+                                       /*create_graph=*/true)[0];
+  return (g * h.cos()).sum();
+}
+
+// issue 22, item 3: sac's thread-locals reach the engine's device threads.
+// Before, the forward's device-thread ops and saves went unseen while the
+// recomputation, which runs on that thread, saw them: the saves did not line
+// up with the holders.
+TEST(EngineThreads, ABackwardInsideTheForwardCarriesTheRegionToTheDeviceThread) {
+  single_intra_op_thread();
+  FakeDeviceThread device;
+  OnDevice::device = &device;
+  const auto save_muls = sac::Policy::save_ops({"aten::mul.Tensor"});
+  const auto callback = sac::Policy::from_fn(
+      [](const sac::SelectiveCheckpointContext&, const c10::OperatorHandle& op,
+         c10::ArrayRef<c10::IValue>) { return op.operator_name().name == "aten::cos"; });
+  prepare(save_muls);
+  prepare(callback);
+  const auto x = torch::randn({5}, torch::requires_grad());
+  const auto w = torch::randn({5}, torch::requires_grad());
+  std::vector<at::Tensor> expected;
+  const auto plain = grad_inside(x, w);
+  device.run([&] { expected = torch::autograd::grad({plain}, {x, w}); });
+
+  struct Case {
+    std::string name;
+    std::optional<sac::Policy> policy;
+    bool offload;
+  };
+  for (const auto& c : std::vector<Case>{{"full recomputation", std::nullopt, false},
+                                         {"save_ops", save_muls, false},
+                                         {"callback", callback, false},
+                                         {"save_ops under an OffloadGuard", save_muls, true}}) {
+    SCOPED_TRACE(c.name);
+    SeenOnDevice seen;
+    OnDevice::seen = &seen;
+    at::Tensor loss;
+    {
+      std::optional<sac::OffloadGuard> offload;
+      if (c.offload) offload.emplace();
+      sac::CheckpointOptions options;
+      if (c.policy) options.policy(*c.policy);
+      loss = sac::checkpoint(options, grad_inside, x, w);
+    }
+    OnDevice::seen = nullptr;
+    EXPECT_EQ(seen.interceptor, c.policy.has_value());
+    EXPECT_EQ(seen.stash, c.offload);
+    std::vector<at::Tensor> actual;
+    // The recomputation runs where the backward unpacks: on the device thread.
+    device.run([&] { actual = torch::autograd::grad({loss}, {x, w}); });
+    expect_bit_identical(expected, actual);
+  }
+  OnDevice::device = nullptr;
   expect_clean(ThreadState::now(), "main thread");
 }
 
