@@ -187,14 +187,14 @@ void OpCache::release(Slot& slot) {
   }
   slot.stashed.reset();
   slot.copy = at::Tensor();
-  slot.prefetched = at::Tensor();
+  slot.incoming.reset();
 }
 
 void OpCache::offload(Slot& slot, CopyTarget& target) {
   // The copy's own ops belong to no region, and autograd records none.
   dispatch::IsolationGuard isolated;
   c10::AutoGradMode no_grad(false);
-  slot.device = slot.held.device();
+  slot.from = CopiedFrom::of(slot.held);
   slot.copy = target.copy_out(slot.held);
   unhold(slot);
 }
@@ -421,6 +421,11 @@ void OpCache::stash(TensorStash& stash) {
 }
 
 void OpCache::prefetch() {
+  // A recomputation during the forward (a backward inside it) stops at the
+  // forward's point so far: it would not take what lies past it.
+  if (recording_) {
+    return;
+  }
   dispatch::IsolationGuard isolated;
   c10::AutoGradMode no_grad(false);
   for (auto& [op, calls] : calls_) {
@@ -429,8 +434,8 @@ void OpCache::prefetch() {
         continue;
       }
       for (auto& slot : call.slots) {
-        if (slot.copy.defined() && !slot.prefetched.defined()) {
-          slot.prefetched = call.target->copy_back(slot.copy, slot.device);
+        if (slot.copy.defined() && slot.incoming == nullptr) {
+          slot.incoming = call.target->start_copy_back(slot.copy, slot.from);
         }
       }
     }
@@ -449,14 +454,14 @@ std::vector<c10::IValue> OpCache::outputs_of(Call& call, bool consume) {
     if (slot.stashed != nullptr) {
       return slot.stashed->call_unpack_hook();
     }
-    if (consume && slot.prefetched.defined()) {
-      return std::move(slot.prefetched);
-    }
     if (!isolated.has_value()) {
       isolated.emplace();
       no_grad.emplace(false);
     }
-    return call.target->copy_back(slot.copy, slot.device);
+    if (slot.incoming != nullptr) {
+      return std::exchange(slot.incoming, nullptr)->take();
+    }
+    return call.target->copy_back(slot.copy, slot.from);
   };
   size_t position = 0;
   std::vector<c10::IValue> outputs;

@@ -196,11 +196,11 @@ class OpCache {
     at::Tensor held;
     // Or stashed (sac/region/stash.h) ...
     std::unique_ptr<torch::autograd::SavedVariableHooks> stashed;
-    // ... or offloaded: the copy in the call's target, its device, and the
-    // tensor copied back by prefetch().
+    // ... or offloaded: the copy in the call's target, what it was copied
+    // from, and its copy back once prefetch() started it.
     at::Tensor copy;
-    c10::Device device = c10::kCPU;
-    at::Tensor prefetched;
+    CopiedFrom from;
+    std::unique_ptr<IncomingCopy> incoming;
   };
 
   struct Call {
@@ -236,8 +236,8 @@ class OpCache {
   void demote_modified();
   void offload(Slot& slot, CopyTarget& target);
   // The call's outputs with each slot's tensor: the held ones as new
-  // aliases and the others copied back (`consume`: moved out, and prefetched
-  // copies used).
+  // aliases (`consume`: moved out), the prefetched ones taken, the others
+  // copied back.
   std::vector<c10::IValue> outputs_of(Call& call, bool consume);
   void hold(Slot& slot, const at::Tensor& t);
   // The slot's tensor leaves the device (stashed, offloaded or served).

@@ -11,6 +11,7 @@
 #include <absl/flags/parse.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <stdexcept>
 #include <string>
@@ -55,6 +56,11 @@ inline torch::Device device_named(const std::string& name) {
     if (!torch::cuda::is_available()) {
       throw std::invalid_argument("--device=cuda, but CUDA is not available to this LibTorch");
     }
+    // The modes' losses and gradients are compared bit for bit: on CUDA that
+    // needs deterministic kernels (cuBLAS reads its workspace setting when
+    // its first handle is made, after this).
+    setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
     return torch::Device(torch::kCUDA, 0);
   }
   throw std::invalid_argument("--device must be cpu or cuda, not '" + name + "'");

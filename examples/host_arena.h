@@ -17,19 +17,17 @@ namespace sac_examples {
 class HostArena final : public sac::CopyTarget {
  public:
   bool accepts(const at::Tensor&) const override { return true; }
-  // Copies with t's sizes and strides, a broadcast dimension copied once
-  // (sac/region/copy_target.h), as host_memory() makes them.
+  // Dense copies of the elements, a broadcast dimension copied once, as
+  // host_memory() makes them (sac/region/copy_target.h).
   at::Tensor copy_out(const at::Tensor& t) override {
     const at::Tensor source = sac::without_broadcast(t);
-    const at::IntArrayRef strides = source.strides();
-    const auto bytes = static_cast<int64_t>(
-        at::detail::computeStorageNbytes(source.sizes(), strides, t.itemsize()));
+    const auto bytes = static_cast<int64_t>(source.numel() * t.itemsize());
     void* memory = std::malloc(static_cast<size_t>(bytes) + 1);
     *held_ += bytes;
     ++copies_;
     auto held = held_;
     at::Tensor copy = at::from_blob(
-        memory, source.sizes(), strides,
+        memory, source.sizes(),
         [held, bytes](void* p) {
           *held -= bytes;
           std::free(p);
@@ -38,11 +36,11 @@ class HostArena final : public sac::CopyTarget {
     copy.copy_(source);
     return copy.expand(t.sizes());
   }
-  at::Tensor copy_back(const at::Tensor& copy, c10::Device device) override {
+  at::Tensor copy_back(const at::Tensor& copy, const sac::CopiedFrom& from) override {
     ++returns_;
     const at::Tensor source = sac::without_broadcast(copy);
     at::Tensor back =
-        at::empty_strided(source.sizes(), source.strides(), copy.options().device(device));
+        at::empty_strided(source.sizes(), from.strides, copy.options().device(from.device));
     back.copy_(source);
     return back.expand(copy.sizes());
   }

@@ -59,7 +59,7 @@ class NoCopies final : public CopyTarget {
  public:
   bool accepts(const at::Tensor&) const override { return false; }
   at::Tensor copy_out(const at::Tensor& t) override { return t; }
-  at::Tensor copy_back(const at::Tensor& copy, c10::Device) override { return copy; }
+  at::Tensor copy_back(const at::Tensor& copy, const CopiedFrom&) override { return copy; }
 };
 
 }  // namespace

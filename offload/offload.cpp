@@ -63,7 +63,7 @@ class OffloadHooks final : public torch::autograd::SavedVariableHooks {
     // sees them, and autograd does not record them.
     dispatch::IsolationGuard isolated;
     c10::AutoGradMode no_grad(false);
-    device_ = t.device();
+    from_ = CopiedFrom::of(t);
     copy_ = offloader_->target().copy_out(t);
   }
 
@@ -80,7 +80,7 @@ class OffloadHooks final : public torch::autograd::SavedVariableHooks {
     }
     dispatch::IsolationGuard isolated;
     c10::AutoGradMode no_grad(false);
-    return offloader_->target().copy_back(copy_, device_);
+    return offloader_->target().copy_back(copy_, from_);
   }
 
  private:
@@ -88,7 +88,7 @@ class OffloadHooks final : public torch::autograd::SavedVariableHooks {
   std::optional<VersionWatch> watch_;
   at::Tensor kept_;
   at::Tensor copy_;
-  c10::Device device_ = c10::kCPU;
+  CopiedFrom from_;
 };
 
 std::unique_ptr<torch::autograd::SavedVariableHooks> Offloader::hooks() {

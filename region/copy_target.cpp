@@ -6,6 +6,7 @@
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
+#include <c10/util/strides.h>
 
 #include <mutex>
 #include <unordered_map>
@@ -37,10 +38,17 @@ class VirtualDeviceOps final : public DeviceOps {
     }
     return it->second;
   }
-  void wait(const c10::Stream& waiting, const c10::Stream& on) override {
-    c10::Event done(on.device_type());
-    done.record(on);
-    done.block(waiting);
+  struct RealEvent final : Event {
+    explicit RealEvent(c10::DeviceType type) : event(type) {}
+    c10::Event event;
+  };
+  std::unique_ptr<Event> record(const c10::Stream& stream) override {
+    auto marker = std::make_unique<RealEvent>(stream.device_type());
+    marker->event.record(stream);
+    return marker;
+  }
+  void block(const Event& event, const c10::Stream& waiting) override {
+    static_cast<const RealEvent&>(event).event.block(waiting);
   }
   at::Tensor empty_on(const c10::Stream& stream, at::IntArrayRef sizes, at::IntArrayRef strides,
                       const at::TensorOptions& options) override {
@@ -65,6 +73,29 @@ class VirtualDeviceOps final : public DeviceOps {
   std::unordered_map<c10::Device, c10::Stream> to_host_, to_device_;
 };
 
+// A copy back on the side stream, handed to the current stream when taken.
+class IncomingHostCopy final : public IncomingCopy {
+ public:
+  IncomingHostCopy(std::shared_ptr<DeviceOps> ops, at::Tensor back,
+                   std::unique_ptr<DeviceOps::Event> copied, c10::IntArrayRef sizes)
+      : ops_(std::move(ops)), back_(std::move(back)), copied_(std::move(copied)),
+        sizes_(sizes.vec()) {}
+
+  at::Tensor take() override {
+    const c10::Stream current = ops_->current_stream(back_.device());
+    ops_->block(*copied_, current);
+    // From now on the current stream uses it: freed, it waits for that work.
+    ops_->record_stream(back_, current);
+    return back_.expand(sizes_);
+  }
+
+ private:
+  std::shared_ptr<DeviceOps> ops_;
+  at::Tensor back_;
+  std::unique_ptr<DeviceOps::Event> copied_;
+  std::vector<int64_t> sizes_;
+};
+
 // Pinned host memory, ordered as PyTorch's caching allocator requires.
 class HostMemory final : public CopyTarget {
  public:
@@ -77,29 +108,44 @@ class HostMemory final : public CopyTarget {
     const c10::Stream side = ops_->side_stream(t.device(), /*to_host=*/true);
     ops_->wait(side, current);  // t is made by work queued on the current stream
     const at::Tensor source = without_broadcast(t);
-    at::Tensor host = ops_->empty_pinned(source.sizes(), source.strides(), t.options());
+    at::Tensor host = ops_->empty_pinned(source.sizes(), c10::contiguous_strides(source.sizes()),
+                                         t.options());
     ops_->copy(host, source, side);
     // The caller drops t now: its memory may be reused only after the copy.
     ops_->record_stream(t, side);
     return host.expand(t.sizes());
   }
 
-  at::Tensor copy_back(const at::Tensor& copy, c10::Device to) override {
-    const c10::Stream current = ops_->current_stream(to);
-    const c10::Stream side = ops_->side_stream(to, /*to_host=*/false);
+  at::Tensor copy_back(const at::Tensor& copy, const CopiedFrom& from) override {
+    return start_copy_back(copy, from)->take();
+  }
+
+  std::unique_ptr<IncomingCopy> start_copy_back(const at::Tensor& copy,
+                                                const CopiedFrom& from) override {
+    const c10::Stream side = ops_->side_stream(from.device, /*to_host=*/false);
+    // The copy out may still be writing the host memory.
+    ops_->wait(side, ops_->side_stream(from.device, /*to_host=*/true));
     const at::Tensor source = without_broadcast(copy);  // pinned
     // From the side stream's pool: the side stream writes it first, so no
     // kernel still queued on the current stream can be using the block.
-    at::Tensor back = ops_->empty_on(side, source.sizes(), source.strides(), copy.options());
+    at::Tensor back = ops_->empty_on(side, source.sizes(), from.strides, copy.options());
     ops_->copy(back, source, side);
-    ops_->wait(current, side);
-    // From now on the current stream uses it: freed, it waits for that work.
-    ops_->record_stream(back, current);
-    return back.expand(copy.sizes());
+    return std::make_unique<IncomingHostCopy>(ops_, std::move(back), ops_->record(side),
+                                              copy.sizes());
   }
 
  private:
   std::shared_ptr<DeviceOps> ops_;
+};
+
+// What a target that copies back at once starts.
+class Arrived final : public IncomingCopy {
+ public:
+  explicit Arrived(at::Tensor t) : t_(std::move(t)) {}
+  at::Tensor take() override { return std::move(t_); }
+
+ private:
+  at::Tensor t_;
 };
 
 }  // namespace
@@ -112,6 +158,11 @@ at::Tensor without_broadcast(const at::Tensor& t) {
     }
   }
   return out;
+}
+
+std::unique_ptr<IncomingCopy> CopyTarget::start_copy_back(const at::Tensor& copy,
+                                                          const CopiedFrom& from) {
+  return std::make_unique<Arrived>(copy_back(copy, from));
 }
 
 std::shared_ptr<DeviceOps> device_ops() {

@@ -29,10 +29,16 @@ class DeviceOps {
   // A stream of sac's own on `device` for copies to the host (`to_host`)
   // or back: two, so that copies back never queue behind copies out.
   virtual c10::Stream side_stream(c10::Device device, bool to_host) = 0;
+  // An event marking the work queued on `stream` so far.
+  struct Event {
+    virtual ~Event() = default;
+  };
+  virtual std::unique_ptr<Event> record(const c10::Stream& stream) = 0;
   // Work queued on `waiting` after this call starts only once the work
-  // queued on `on` before it is done (an event recorded on `on`, blocked on
-  // by `waiting`).
-  virtual void wait(const c10::Stream& waiting, const c10::Stream& on) = 0;
+  // `event` marks is done.
+  virtual void block(const Event& event, const c10::Stream& waiting) = 0;
+  // Both: `waiting` waits for the work queued on `on` so far.
+  void wait(const c10::Stream& waiting, const c10::Stream& on) { block(*record(on), waiting); }
   // Memory on `stream`'s device, from the allocator's pool of `stream`: the
   // stream that writes it first.
   virtual at::Tensor empty_on(const c10::Stream& stream, at::IntArrayRef sizes,

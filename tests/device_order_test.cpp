@@ -9,6 +9,8 @@
 
 #include <ATen/EmptyTensor.h>
 
+#include <algorithm>
+
 namespace {
 
 class FakeDevice final : public sac::DeviceOps {
@@ -16,13 +18,23 @@ class FakeDevice final : public sac::DeviceOps {
   bool on_device(const at::Tensor& t) const override { return t.is_cpu(); }
   c10::Stream current_stream(c10::Device) override { return stream(0); }
   c10::Stream side_stream(c10::Device, bool to_host) override { return stream(to_host ? 1 : 2); }
-  void wait(const c10::Stream& waiting, const c10::Stream& on) override {
-    calls.push_back("wait " + name(waiting) + " on " + name(on));
+  struct Mark final : Event {
+    explicit Mark(std::string stream) : stream(std::move(stream)) {}
+    std::string stream;
+  };
+  std::unique_ptr<Event> record(const c10::Stream& stream) override {
+    calls.push_back("mark " + name(stream));
+    return std::make_unique<Mark>(name(stream));
+  }
+  void block(const Event& event, const c10::Stream& waiting) override {
+    calls.push_back(name(waiting) + " waits for " + static_cast<const Mark&>(event).stream +
+                    "'s mark");
   }
   at::Tensor empty_on(const c10::Stream& stream, at::IntArrayRef sizes, at::IntArrayRef strides,
                       const at::TensorOptions& options) override {
     calls.push_back("alloc on " + name(stream));
     device_bytes += bytes(sizes, strides, options);
+    device_strides.push_back(strides.vec());
     return at::empty_strided(sizes, strides, options);
   }
   at::Tensor empty_pinned(at::IntArrayRef sizes, at::IntArrayRef strides,
@@ -41,6 +53,7 @@ class FakeDevice final : public sac::DeviceOps {
 
   std::vector<std::string> calls;
   int64_t host_bytes = 0, device_bytes = 0;
+  std::vector<std::vector<int64_t>> device_strides;  // of each copy back
 
  private:
   static c10::Stream stream(c10::StreamId id) {
@@ -64,32 +77,34 @@ TEST(DeviceOrder, ACopyOutWaitsForTheTensorsMakerAndHoldsItsMemoryUntilRead) {
   const auto target = sac::host_memory(fake);
   const auto t = torch::randn({3, 4});
   const auto copy = target->copy_out(t);
-  EXPECT_EQ(fake->calls, (Calls{"wait to_host on current", "alloc pinned", "copy on to_host",
-                                "record on to_host"}));
+  EXPECT_EQ(fake->calls, (Calls{"mark current", "to_host waits for current's mark", "alloc pinned",
+                                "copy on to_host", "record on to_host"}));
   EXPECT_TRUE(torch::equal(copy, t));
 }
 
-// The copy back's memory comes from the pool of the stream that writes it
-// (a block the current stream freed may still be read by its queued
-// kernels), on a stream of its own (never behind copies out), and the
-// current stream waits for it and is recorded as its user.
+// The copy back waits for the copies out before it (the host memory may
+// still be written), its memory comes from the pool of the stream that
+// writes it (a block the current stream freed may still be read by its
+// queued kernels), on a stream of its own (never behind later copies out),
+// and the current stream waits for it and is recorded as its user.
 TEST(DeviceOrder, ACopyBackIsAllocatedOnItsOwnStreamAndHandedToTheCurrentOne) {
   sac_test::expect_configured_mechanism();
   auto fake = std::make_shared<FakeDevice>();
   const auto target = sac::host_memory(fake);
   const auto copy = target->copy_out(torch::randn({3, 4}));
   fake->calls.clear();
-  const auto back = target->copy_back(copy, c10::Device(c10::kCPU));
-  EXPECT_EQ(fake->calls, (Calls{"alloc on to_device", "copy on to_device",
-                                "wait current on to_device", "record on current"}));
+  const auto back = target->copy_back(copy, sac::CopiedFrom::of(copy));
+  EXPECT_EQ(fake->calls, (Calls{"mark to_host", "to_device waits for to_host's mark",
+                                "alloc on to_device", "copy on to_device", "mark to_device",
+                                "current waits for to_device's mark", "record on current"}));
   EXPECT_TRUE(torch::equal(back, copy));
 }
 
 // A broadcast tensor (stride 0) and a view with gaps, saved by autograd under
-// an OffloadGuard: the broadcast one crosses as its elements (copy_ into a
-// broadcast copy used to fail), the gapped one with its span, both keep
-// their strides, and the gradients are the plain run's.
-TEST(DeviceOrder, BroadcastAndGappedViewsCrossWithTheirStrides) {
+// an OffloadGuard: the host holds their elements only (copy_ into a
+// broadcast copy used to fail; the gapped view crossed with its span), they
+// come back with their strides, and the gradients are the plain run's.
+TEST(DeviceOrder, BroadcastAndGappedViewsCrossAsTheirElements) {
   sac_test::expect_configured_mechanism();
   auto x = torch::randn({4, 6}, torch::requires_grad());
   auto base = torch::randn({4, 1}, torch::requires_grad());
@@ -107,12 +122,83 @@ TEST(DeviceOrder, BroadcastAndGappedViewsCrossWithTheirStrides) {
     y = f();
   }
   // Saved: x and e by the first mul (e: its 4 distinct elements), g by sin
-  // and by the second mul (its span: 3 rows 9 apart, then 3), sin(g).
+  // and by the second mul (12 elements; back on the device, its span: 3
+  // rows 9 apart, then 3), sin(g).
   const int64_t span = 3 * 9 + 3;
-  const int64_t floats = 4 * 6 + 4 * 1 + span + span + 4 * 3;
-  EXPECT_EQ(fake->host_bytes, floats * 4);
+  EXPECT_EQ(fake->host_bytes, (4 * 6 + 4 * 1 + 12 + 12 + 4 * 3) * 4);
   sac_test::expect_bit_identical(expected, torch::autograd::grad({y}, {x, base, wide}));
-  EXPECT_EQ(fake->device_bytes, floats * 4);
+  EXPECT_EQ(fake->device_bytes, (4 * 6 + 4 * 1 + span + span + 4 * 3) * 4);
+}
+
+// A policy's offload answers (the cache's copies): an output with permuted
+// strides crosses dense and comes back with its strides, under both
+// mechanisms (a non-view op's output has no gaps or broadcast dimensions).
+TEST(DeviceOrder, APermutedOutputOffloadedByAPolicyComesBackWithItsStrides) {
+  sac_test::expect_configured_mechanism();
+  auto x = torch::randn({4, 9}, torch::requires_grad());
+  auto f = [&](const at::Tensor& a) {
+    const auto s = a.mul(3).t().sin();  // sin keeps its input's (transposed) strides
+    return (s * s.cos()).sum();
+  };
+  const auto expected = torch::autograd::grad({f(x)}, {x});
+  auto fake = std::make_shared<FakeDevice>();
+  const auto options =
+      sac::CheckpointOptions()
+          .policy(sac::Policy::answer_ops({"aten::sin"}, sac::CheckpointPolicy::MustCpuOffload))
+          .offload_to(sac::host_memory(fake));
+  auto y = sac::checkpoint(options, f, x);
+  EXPECT_EQ(fake->host_bytes, 4 * 9 * 4);
+  sac_test::expect_bit_identical(expected, torch::autograd::grad({y}, {x}));
+  EXPECT_EQ(fake->device_bytes, fake->host_bytes);
+  EXPECT_EQ(fake->device_strides, (std::vector<std::vector<int64_t>>{{1, 9}}));
+}
+
+// A recomputation starts every copy back before the current stream waits for
+// any: the copies overlap the recomputation's first ops (before, each copy
+// back made the current stream wait at once).
+TEST(DeviceOrder, PrefetchedCopiesAreAllQueuedBeforeTheFirstWait) {
+  sac_test::expect_configured_mechanism();
+  auto x = torch::randn({8, 16}, torch::requires_grad());
+  auto w = torch::randn({16, 16}, torch::requires_grad());
+  auto f = [&](const at::Tensor& a) { return a.mm(w).tanh().mm(w).sin().mm(w).cos(); };
+  const auto expected = torch::autograd::grad({f(x).sum()}, {x, w});
+  auto fake = std::make_shared<FakeDevice>();
+  const auto options =
+      sac::CheckpointOptions()
+          .policy(sac::Policy::answer_ops({"aten::mm"}, sac::CheckpointPolicy::MustCpuOffload))
+          .offload_to(sac::host_memory(fake));
+  auto y = sac::checkpoint(options, f, x);
+  fake->calls.clear();
+  sac_test::expect_bit_identical(expected, torch::autograd::grad({y.sum()}, {x, w}));
+  const auto first_wait = std::find(fake->calls.begin(), fake->calls.end(),
+                                    "current waits for to_device's mark");
+  ASSERT_NE(first_wait, fake->calls.end());
+  EXPECT_EQ(std::count(fake->calls.begin(), first_wait, "copy on to_device"), 3);
+  EXPECT_EQ(std::count(fake->calls.begin(), fake->calls.end(), "copy on to_device"), 3);
+}
+
+// A backward inside the forward recomputes the region so far, and takes
+// its copies back without prefetching: before, it prefetched every copy, took
+// a second one, and left the prefetched ones on the device until the final
+// backward.
+TEST(DeviceOrder, ARecomputationDuringTheForwardCopiesEachOutputBackOnce) {
+  sac_test::expect_configured_mechanism();
+  auto x = torch::randn({8, 16}, torch::requires_grad());
+  auto w = torch::randn({16, 16}, torch::requires_grad());
+  auto f = [&](const at::Tensor& a) {
+    const auto h = a.mm(w).tanh();
+    const auto g = torch::autograd::grad({h.sum()}, {a}, {}, true, /*create_graph=*/true)[0];
+    return (g * a).sum();
+  };
+  const auto expected = torch::autograd::grad({f(x)}, {x, w});
+  auto fake = std::make_shared<FakeDevice>();
+  const auto options =
+      sac::CheckpointOptions()
+          .policy(sac::Policy::answer_ops({"aten::mm"}, sac::CheckpointPolicy::MustCpuOffload))
+          .offload_to(sac::host_memory(fake));
+  auto y = sac::checkpoint(options, f, x);
+  EXPECT_EQ(std::count(fake->calls.begin(), fake->calls.end(), "copy on to_device"), 1);
+  sac_test::expect_bit_identical(expected, torch::autograd::grad({y}, {x, w}));
 }
 
 // Offload answers go through the same target; they come back before the

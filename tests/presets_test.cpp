@@ -246,8 +246,8 @@ class Copies final : public sac::CopyTarget {
     ++copies;
     return at::empty_strided(t.sizes(), t.strides(), t.options()).copy_(t);
   }
-  at::Tensor copy_back(const at::Tensor& c, c10::Device device) override {
-    return at::empty_strided(c.sizes(), c.strides(), c.options().device(device)).copy_(c);
+  at::Tensor copy_back(const at::Tensor& c, const sac::CopiedFrom& from) override {
+    return at::empty_strided(c.sizes(), from.strides, c.options().device(from.device)).copy_(c);
   }
   int copies = 0;
 };

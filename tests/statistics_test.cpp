@@ -132,7 +132,7 @@ TEST_F(Statistics, CountOffloadedCallsAndBytes) {
       bytes += static_cast<int64_t>(t.storage().nbytes());
       return copies.back();
     }
-    at::Tensor copy_back(const at::Tensor& c, c10::Device) override { return c.clone(); }
+    at::Tensor copy_back(const at::Tensor& c, const sac::CopiedFrom&) override { return c.clone(); }
     std::vector<at::Tensor> copies;
     int64_t bytes = 0;
   };

@@ -69,23 +69,20 @@ extern char** environ;
 namespace {
 
 // Where the fuzzer's offload answers go: copies in memory of their own, as a
-// host would hold them (a CPU tensor has nowhere else to go).
-// Copies with the tensor's sizes and strides, as host_memory() makes them: a
-// broadcast (stride 0) dimension is copied once. It takes every tensor: as
+// host would hold them (a CPU tensor has nowhere else to go). Dense copies,
+// a broadcast (stride 0) dimension copied once, back with the strides they
+// left with, as host_memory() makes them. It takes every tensor: as
 // host_memory() takes an accelerator's.
 class HostCopies final : public sac::CopyTarget {
  public:
   bool accepts(const at::Tensor&) const override { return true; }
-  at::Tensor copy_out(const at::Tensor& t) override { return strided_copy(t, t.device()); }
-  at::Tensor copy_back(const at::Tensor& copy, c10::Device device) override {
-    return strided_copy(copy, device);
+  at::Tensor copy_out(const at::Tensor& t) override {
+    return sac::without_broadcast(t).clone(at::MemoryFormat::Contiguous).expand(t.sizes());
   }
-
- private:
-  static at::Tensor strided_copy(const at::Tensor& t, c10::Device device) {
-    const at::Tensor source = sac::without_broadcast(t);
-    at::Tensor copy = at::empty_strided(source.sizes(), source.strides(), source.options().device(device));
-    return copy.copy_(source).expand(t.sizes());
+  at::Tensor copy_back(const at::Tensor& copy, const sac::CopiedFrom& from) override {
+    const at::Tensor source = sac::without_broadcast(copy);
+    at::Tensor back = at::empty_strided(source.sizes(), from.strides, source.options().device(from.device));
+    return back.copy_(source).expand(copy.sizes());
   }
 };
 
