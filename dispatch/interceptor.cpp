@@ -48,8 +48,16 @@ struct Carried {
 constexpr std::string_view kCarriedName = "sac::dispatch::Carried";
 const c10::DebugInfoKind kCarriedSlot(&kCarriedName);
 
+// An empty snapshot masks the ones below it: a backward called where
+// interception is isolated carries nothing.
 Carried* carried_to(const ThreadState& state) {
-  return state.shielded ? nullptr : detail::carried<Carried>(kCarriedSlot);
+  if (state.shielded) {
+    return nullptr;
+  }
+  Carried* carried = detail::carried<Carried>(kCarriedSlot);
+  return carried == nullptr || (carried->interceptor == nullptr && carried->observers.empty())
+             ? nullptr
+             : carried;
 }
 
 // Set once sac's own fallback is registered on kFallbackKey.
@@ -517,7 +525,8 @@ OpInterceptor* active_interceptor() {
 
 struct CarryToEngineThreads::Carry {
   Carry() : hidden(tls_state), hidden_observers(std::exchange(tls_observers, {})),
-            carry(kCarriedSlot, hidden.interceptor, hidden_observers) {
+            carry(kCarriedSlot, hidden.interceptor,
+                  hidden.observing ? hidden_observers : std::vector<OpObserver*>{}) {
     // This thread takes turns with the others too.
     tls_state = ThreadState{};
     sync_fallback_key(tls_state);
@@ -532,7 +541,8 @@ struct CarryToEngineThreads::Carry {
 };
 
 CarryToEngineThreads::CarryToEngineThreads() {
-  if (tls_state.interceptor != nullptr || tls_state.observing) {
+  const bool own = tls_state.interceptor != nullptr || tls_state.observing;
+  if (own || (tls_state.shielded && detail::carried<Carried>(kCarriedSlot) != nullptr)) {
     carry_ = std::make_unique<Carry>();
   }
 }

@@ -725,4 +725,38 @@ TEST(EngineThreads, ABackwardInsideTheForwardCarriesTheRegionToTheDeviceThread) 
   expect_clean(ThreadState::now(), "main thread");
 }
 
+// What a thread carries is what it sees: its interceptor, or nothing where
+// interception is isolated (a recomputation), even with a carried one below.
+TEST(EngineThreads, AThreadCarriesWhatItSees) {
+  struct Passing final : sac::dispatch::OpInterceptor {
+    void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
+                   torch::jit::Stack* stack) override {
+      sac::dispatch::run_op(op, below, stack);
+    }
+  } interceptor;
+  std::optional<at::ThreadLocalState> outer, isolated;
+  {
+    sac::dispatch::InterceptorGuard active(&interceptor);
+    sac::dispatch::CarryToEngineThreads carry;
+    EXPECT_EQ(sac::dispatch::active_interceptor(), &interceptor);
+    outer.emplace();
+    sac::dispatch::IsolationGuard isolate;
+    EXPECT_EQ(sac::dispatch::active_interceptor(), nullptr);
+    sac::dispatch::CarryToEngineThreads carry_inside;
+    isolated.emplace();
+  }
+  expect_clean(ThreadState::now(), "main thread");
+  std::thread([&] {
+    {
+      at::ThreadLocalStateGuard state(*outer);
+      EXPECT_EQ(sac::dispatch::active_interceptor(), &interceptor);
+    }
+    {
+      at::ThreadLocalStateGuard state(*isolated);
+      EXPECT_EQ(sac::dispatch::active_interceptor(), nullptr);
+    }
+    expect_clean(ThreadState::now(), "other thread");
+  }).join();
+}
+
 }  // namespace
