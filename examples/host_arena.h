@@ -18,7 +18,7 @@ class HostArena final : public sac::CopyTarget {
  public:
   bool accepts(const at::Tensor&) const override { return true; }
   // Dense copies of the elements, a broadcast dimension copied once, as
-  // host_memory() makes them (sac/region/copy_target.h).
+  // host_memory() makes them (sac/base/copy_target.h).
   at::Tensor copy_out(const at::Tensor& t) override {
     const at::Tensor source = sac::without_broadcast(t);
     const auto bytes = static_cast<int64_t>(source.numel() * t.itemsize());

@@ -2,8 +2,8 @@
 // backward inside the function, early stop, and its errors.
 #include "support.h"
 
-#include <sac/checkpoint/debug_log.h>
-#include <sac/checkpoint/device_state.h>
+#include <sac/checkpoint/internal/debug_log.h>
+#include <sac/checkpoint/internal/device_state.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
@@ -439,6 +439,33 @@ TEST_F(Checkpoint, DebugModePrintsTheOpsOfBothPasses) {
   EXPECT_NE(message.find("aten::sigmoid"), std::string::npos) << message;
   EXPECT_NE(message.find("Ops executed during recomputation"), std::string::npos) << message;
   EXPECT_NE(message.find("aten::mul"), std::string::npos) << message;
+}
+
+// A selective region whose recomputation runs an op more often than its
+// forward: the cache's error is a CheckpointError (every error raised while
+// recomputing is one), and debug mode attaches both op logs to it.
+TEST_F(Checkpoint, DebugModeWithAPolicyPrintsTheOpsOfBothPasses) {
+  bool more = false;
+  auto f = [&](const at::Tensor& in) {
+    const auto h = in.mm(w);
+    const auto twice = h + h;  // add saves nothing: the cache sees the extra call
+    return torch::tanh(more ? twice + twice : twice);
+  };
+  const auto policy = sac::Policy::save_ops({"aten::add.Tensor"});
+  for (const bool debug : {false, true}) {
+    SCOPED_TRACE(debug ? "debug" : "no debug");
+    more = false;
+    auto y = sac::checkpoint(sac::CheckpointOptions().policy(policy).debug(debug), f, x);
+    more = true;
+    const auto message =
+        error_of<sac::CheckpointError>([&] { torch::autograd::grad({y.sum()}, {w}); });
+    EXPECT_NE(message.find("aten::add.Tensor ran at least 2 times during recomputation"), std::string::npos)
+        << message;
+    EXPECT_EQ(message.find("Ops executed during the original forward") != std::string::npos, debug)
+        << message;
+    EXPECT_EQ(message.find("Ops executed during recomputation") != std::string::npos, debug)
+        << message;
+  }
 }
 
 TEST_F(Checkpoint, DebugGuardTurnsDebugOnWithBacktraces) {

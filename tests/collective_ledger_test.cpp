@@ -4,7 +4,7 @@
 #include "support.h"
 
 #include <sac/cache/collective_ledger.h>
-#include <sac/policy/op_traits.h>
+#include <sac/policy/internal/op_traits.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 

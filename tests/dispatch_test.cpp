@@ -3,7 +3,7 @@
 // across exceptions.
 #include "support.h"
 
-#include <sac/policy/op_names.h>
+#include <sac/policy/internal/op_names.h>
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
 

@@ -4,8 +4,8 @@
 // changes to cached values, and random ops.
 #include "support.h"
 
-#include <sac/policy/op_names.h>
-#include <sac/policy/op_traits.h>
+#include <sac/policy/internal/op_names.h>
+#include <sac/policy/internal/op_traits.h>
 
 #include <torch/library.h>
 

@@ -3,8 +3,8 @@
 #include "support.h"
 
 #include <sac/dispatch/interceptor.h>
-#include <sac/record/recorder.h>
-#include <sac/record/replay.h>
+#include <sac/record/internal/recorder.h>
+#include <sac/record/internal/replay.h>
 
 namespace {
 

@@ -5,7 +5,7 @@
 #include "support.h"
 
 #include <sac/offload/offload.h>
-#include <sac/region/stash.h>
+#include <sac/base/stash.h>
 
 #include <ATen/ThreadLocalState.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>

@@ -1,0 +1,41 @@
+#include <sac/base/stash.h>
+
+#include <sac/dispatch/internal/carried.h>
+
+#include <utility>
+
+namespace sac {
+namespace {
+thread_local TensorStash* tls_stash = nullptr;
+
+constexpr std::string_view kCarriedName = "sac::TensorStash";
+const c10::DebugInfoKind kCarriedSlot(&kCarriedName);
+}  // namespace
+
+TensorStash* current_stash() {
+  if (tls_stash != nullptr) {
+    return tls_stash;
+  }
+  TensorStash** carried = detail::carried<TensorStash*>(kCarriedSlot);
+  return carried == nullptr ? nullptr : *carried;
+}
+
+struct CarryStash::Carry {
+  explicit Carry(TensorStash* stash) : carry(kCarriedSlot, stash) {}
+  detail::CarriedGuard<TensorStash*> carry;
+};
+
+CarryStash::CarryStash() {
+  if (tls_stash != nullptr) {
+    carry_ = std::make_unique<Carry>(tls_stash);
+  }
+}
+
+CarryStash::~CarryStash() = default;
+
+StashScope::StashScope(std::shared_ptr<TensorStash> stash)
+    : stash_(std::move(stash)), outer_(std::exchange(tls_stash, stash_.get())) {}
+
+StashScope::~StashScope() { tls_stash = outer_; }
+
+}  // namespace sac

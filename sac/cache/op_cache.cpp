@@ -1,0 +1,561 @@
+#include <sac/cache/op_cache.h>
+
+#include <sac/base/error.h>
+#include <sac/dispatch/internal/boxed.h>
+#include <sac/dispatch/interceptor.h>
+#include <sac/base/internal/detached_alias.h>
+
+#include <c10/core/GradMode.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+
+namespace sac {
+namespace {
+
+// Where the forward's and the recomputation's op sequences part ways, this is
+// the usual cause.
+constexpr const char* kMismatchHint =
+    "The recomputation must run the same ops as the forward: this happens when "
+    "the checkpointed function depends on state that changed between forward "
+    "and backward (a flag, a module's training mode, data-dependent control "
+    "flow). Make it deterministic, or checkpoint it without a policy.";
+
+using dispatch::for_each_tensor;
+
+// How a cached tensor was modified, for the errors.
+std::string own_change(const VersionWatch& own) {
+  return c10::str("version ", own.version(), " when cached, ", own.current_version(), " now");
+}
+constexpr const char* kThroughAnotherTensor =
+    "through another tensor on its storage, such as the output of aten::_unsafe_view";
+
+// `value` with each tensor slot (a tensor, defined or not, alone or in a
+// list) replaced by `f` of it, in order.
+template <class F>
+c10::IValue map_tensors(const c10::IValue& value, F&& f) {
+  if (value.isTensor()) {
+    return f(value.toTensor());
+  }
+  if (value.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : value.toTensorList()) {
+      out.push_back(f(t));
+    }
+    return out;
+  }
+  if (value.isList()) {
+    auto list = value.toList();
+    c10::impl::GenericList out(list.elementType());
+    for (const c10::IValue& element : list) {
+      out.push_back(map_tensors(element, f));
+    }
+    return out;
+  }
+  return value;
+}
+
+// The key of `t`'s storage in the cache's maps; null without storage.
+const c10::StorageImpl* slot_storage(const at::Tensor& t) {
+  return t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
+}
+
+// The defined tensors among `outputs`, in slot order.
+std::vector<at::Tensor> tensors_of(c10::ArrayRef<c10::IValue> outputs) {
+  std::vector<at::Tensor> tensors;
+  for (const auto& output : outputs) {
+    for_each_tensor(output, [&](const at::Tensor& t) { tensors.push_back(t); });
+  }
+  return tensors;
+}
+
+}  // namespace
+
+OpCache::Call OpCache::shape_of(c10::ArrayRef<c10::IValue> outputs) {
+  // The structure stays in `outputs`, with each tensor replaced by a
+  // placeholder; the defined tensors get the slots.
+  Call call;
+  call.outputs.reserve(outputs.size());
+  for (const auto& output : outputs) {
+    call.outputs.push_back(map_tensors(output, [&](const at::Tensor& t) {
+      call.defined.push_back(t.defined());
+      if (t.defined()) {
+        call.slots.emplace_back(t);
+      }
+      return at::Tensor();
+    }));
+  }
+  return call;
+}
+
+void OpCache::note_producer(const c10::OperatorHandle& op, size_t index,
+                            c10::ArrayRef<at::Tensor> tensors) {
+  for (const at::Tensor& t : tensors) {
+    if (!t.has_storage()) {
+      continue;
+    }
+    c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+    producers_.insert_or_assign(
+        storage, ProducerInfo{op, index,
+                              c10::weak_intrusive_ptr<c10::StorageImpl>(
+                                  c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage)),
+                              {}});
+  }
+}
+
+void OpCache::append_recompute(const c10::OperatorHandle& op,
+                               c10::ArrayRef<c10::IValue> outputs,
+                               std::optional<GeneratorSnapshot> generator) {
+  auto& calls = calls_[op];
+  if (!track_producers_) {
+    calls.emplace_back();
+    return;
+  }
+  Call call = shape_of(outputs);
+  const std::vector<at::Tensor> tensors = tensors_of(outputs);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    call.slots[i].returned.emplace(tensors[i].getIntrusivePtr());
+  }
+  call.generator = std::move(generator);
+  note_producer(op, calls.size(), tensors);
+  calls.push_back(std::move(call));
+  // Autograd keeps nothing in a checkpointed forward: an output that only
+  // autograd wanted (native_layer_norm's mean) dies as soon as the op
+  // returns. Holding the latest call's outputs lets tags right after the
+  // call keep all of them; the next call with tensor outputs replaces them
+  // (a tag's own record has none).
+  if (!tensors.empty()) {
+    latest_outputs_ = tensors;
+  }
+}
+
+size_t OpCache::recorded_calls(const c10::OperatorHandle& op) const {
+  const auto it = calls_.find(op);
+  return it == calls_.end() ? 0 : it->second.size();
+}
+
+void OpCache::watch(StorageInfo& info, const at::Tensor& t) {
+  const VersionWatch watch(t);
+  for (const auto& known : info.watches) {
+    if (known.identity() == watch.identity()) {
+      return;  // views share their base's counter: one watch covers them
+    }
+  }
+  info.watches.push_back(watch);
+}
+
+void OpCache::hold(Slot& slot, const at::Tensor& t) {
+  slot.held = detached_alias(t);
+  if (!t.has_storage()) {
+    return;
+  }
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  slot.storage = storage;
+  StorageInfo& info = storages_[storage];
+  if (info.slots++ == 0) {
+    info.pin.emplace(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage));
+  }
+  if (info.held++ == 0) {
+    info.nbytes = t.storage().nbytes();
+    bytes_ += info.nbytes;
+  }
+  watch(info, t);
+}
+
+void OpCache::unhold(Slot& slot) {
+  slot.held = at::Tensor();
+  if (slot.storage == nullptr) {
+    return;
+  }
+  StorageInfo& info = storages_.at(slot.storage);
+  if (--info.held == 0) {
+    bytes_ -= info.nbytes;
+  }
+}
+
+void OpCache::release(Slot& slot) {
+  if (slot.held.defined()) {
+    unhold(slot);
+  }
+  if (slot.storage != nullptr) {
+    auto it = storages_.find(slot.storage);
+    TORCH_INTERNAL_ASSERT(it != storages_.end());
+    if (--it->second.slots == 0) {
+      storages_.erase(it);
+    }
+    slot.storage = nullptr;
+  }
+  slot.stashed.reset();
+  slot.copy = at::Tensor();
+  slot.incoming.reset();
+}
+
+void OpCache::offload(Slot& slot, CopyTarget& target) {
+  // The copy's own ops belong to no region, and autograd records none.
+  dispatch::IsolationGuard isolated;
+  c10::AutoGradMode no_grad(false);
+  slot.from = CopiedFrom::of(slot.held);
+  slot.copy = target.copy_out(slot.held);
+  unhold(slot);
+}
+
+void OpCache::keep(Call& call, const std::vector<at::Tensor>& tensors,
+                   std::shared_ptr<CopyTarget> offload_to) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    call.slots[i].returned.reset();
+    hold(call.slots[i], tensors[i]);
+  }
+  if (offload_to != nullptr) {
+    for (auto& slot : call.slots) {
+      if (offload_to->accepts(slot.held)) {
+        offload(slot, *offload_to);
+      }
+    }
+    call.target = std::move(offload_to);
+  }
+  call.state = Call::State::Saved;
+  ++saved_calls_;
+}
+
+void OpCache::append_saved(const c10::OperatorHandle& op,
+                           c10::ArrayRef<c10::IValue> outputs,
+                           std::optional<GeneratorSnapshot> generator,
+                           std::shared_ptr<CopyTarget> offload_to) {
+  auto& calls = calls_[op];
+  Call call = shape_of(outputs);
+  const std::vector<at::Tensor> tensors = tensors_of(outputs);
+  keep(call, tensors, std::move(offload_to));
+  call.generator = std::move(generator);
+  if (track_producers_) {
+    note_producer(op, calls.size(), tensors);
+    latest_outputs_.clear();
+  }
+  calls.push_back(std::move(call));
+}
+
+void OpCache::watch_aliases(c10::ArrayRef<c10::IValue> values) {
+  if (storages_.empty() && producers_.empty()) {
+    return;
+  }
+  for (const auto& value : values) {
+    for_each_tensor(value, [&](const at::Tensor& t) {
+      if (!t.has_storage()) {
+        return;
+      }
+      const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+      if (auto kept = storages_.find(storage); kept != storages_.end()) {
+        watch(kept->second, t);
+      } else if (auto produced = producers_.find(storage); produced != producers_.end()) {
+        produced->second.aliases.emplace_back(t);
+      }
+    });
+  }
+}
+
+std::optional<OpCache::Producer> OpCache::producer_of(const at::Tensor& t) const {
+  // The pin keeps a freed storage's address from naming another one.
+  const auto it = producers_.find(slot_storage(t));
+  if (it == producers_.end()) {
+    return std::nullopt;
+  }
+  const Call& call = calls_.at(it->second.op).at(it->second.call);
+  return Producer{it->second.op, it->second.call, call.state == Call::State::Saved};
+}
+
+std::optional<std::string> OpCache::keep_late(const Producer& producer,
+                                              std::shared_ptr<CopyTarget> offload_to) {
+  TORCH_INTERNAL_ASSERT(recording_ && track_producers_, "sac: keep_late() while not tracking");
+  Call& call = calls_.at(producer.op).at(producer.call);
+  TORCH_INTERNAL_ASSERT(call.state == Call::State::Recompute);
+  std::vector<at::Tensor> tensors;
+  for (size_t index = 0; index < call.slots.size(); ++index) {
+    Slot& slot = call.slots[index];
+    at::Tensor t(slot.returned->lock());
+    if (!t.defined()) {
+      return c10::str("its output ", index, " was freed already (sac holds the "
+                      "outputs of the latest call only: tag a value right after the "
+                      "op that returned it)");
+    }
+    if (slot.version.changed()) {
+      return c10::str("its output ", index, " was modified in place (",
+                      own_change(slot.version), ")");
+    }
+    if (const auto produced = producers_.find(slot_storage(t)); produced != producers_.end()) {
+      for (const auto& alias : produced->second.aliases) {
+        if (alias.changed()) {
+          return c10::str("its output ", index, " was modified in place ",
+                          kThroughAnotherTensor);
+        }
+      }
+    }
+    tensors.push_back(std::move(t));
+  }
+  keep(call, tensors, std::move(offload_to));
+  for (const Slot& slot : call.slots) {
+    if (const auto produced = producers_.find(slot.storage); produced != producers_.end()) {
+      auto& watches = storages_.at(slot.storage).watches;
+      auto& aliases = produced->second.aliases;
+      watches.insert(watches.end(), aliases.begin(), aliases.end());
+      aliases.clear();
+    }
+  }
+  return std::nullopt;
+}
+
+void OpCache::recompute_late(const Producer& producer) {
+  TORCH_INTERNAL_ASSERT(recording_ && track_producers_, "sac: recompute_late() while not tracking");
+  Call& call = calls_.at(producer.op).at(producer.call);
+  TORCH_INTERNAL_ASSERT(call.state == Call::State::Saved);
+  for (const Slot& slot : call.slots) {
+    if (slot.storage != nullptr) {
+      producers_.erase(slot.storage);
+    }
+  }
+  drop(call);
+  call.state = Call::State::Recompute;
+}
+
+void OpCache::stop_tracking() {
+  track_producers_ = false;
+  producers_.clear();
+  latest_outputs_.clear();
+  for (auto& [op, calls] : calls_) {
+    for (auto& call : calls) {
+      if (call.state == Call::State::Recompute) {
+        call = Call();
+      }
+    }
+  }
+}
+
+std::optional<std::pair<size_t, std::string>> OpCache::first_modified(
+    const Call& call) const {
+  for (size_t index = 0; index < call.slots.size(); ++index) {
+    const Slot& slot = call.slots[index];
+    if (slot.version.changed()) {
+      return std::make_pair(index, own_change(slot.version));
+    }
+    if (slot.storage == nullptr) {
+      continue;
+    }
+    for (const auto& other : storages_.at(slot.storage).watches) {
+      if (other.changed()) {
+        return std::make_pair(index, std::string(kThroughAnotherTensor));
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+void OpCache::demote_modified() {
+  for (auto& [op, calls] : calls_) {
+    for (auto& call : calls) {
+      if (call.state == Call::State::Saved && first_modified(call).has_value()) {
+        drop(call);
+        call.state = Call::State::Recompute;
+        ++demoted_calls_;
+        TORCH_WARN_ONCE(
+            "sac: the output of ", op.operator_name(), " was cached but then "
+            "modified in place later in the checkpointed forward, so it will "
+            "be recomputed instead (caching it would give wrong gradients). "
+            "LibTorch's C++ torch::nn::Linear does this on inputs of more than "
+            "2 dimensions (aten::mm, then the bias added in place); flatten "
+            "such inputs to 2-D so that it runs aten::addmm, and save that.");
+      }
+    }
+  }
+}
+
+void OpCache::begin_recording(bool track_producers) {
+  recording_ = true;
+  track_producers_ = track_producers;
+  collectives_.clear();
+}
+
+void OpCache::end_recording() {
+  recording_ = false;
+  if (track_producers_) {
+    stop_tracking();
+  }
+  demote_modified();
+}
+
+OpCache::Summary OpCache::summary() const {
+  Summary summary;
+  for (const auto& [op, calls] : calls_) {
+    for (const auto& call : calls) {
+      if (call.state == Call::State::Recompute) {
+        ++summary.recompute_calls;
+        continue;
+      }
+      const bool offloaded = std::any_of(call.slots.begin(), call.slots.end(),
+                                         [](const Slot& slot) { return slot.copy.defined(); });
+      ++(offloaded ? summary.offloaded_calls : summary.kept_calls);
+    }
+  }
+  for (const auto& [storage, info] : storages_) {
+    if (info.slots > 0 && info.held == 0) {
+      summary.offloaded_bytes += static_cast<int64_t>(info.nbytes);
+    }
+  }
+  return summary;
+}
+
+void OpCache::stash(TensorStash& stash) {
+  TORCH_INTERNAL_ASSERT(!recording_, "sac: stash() of a cache still recording");
+  for (auto& [op, calls] : calls_) {
+    for (auto& call : calls) {
+      if (call.state != Call::State::Saved) {
+        continue;
+      }
+      for (auto& slot : call.slots) {
+        if (!slot.held.defined()) {
+          continue;  // offloaded, or stashed already
+        }
+        slot.stashed = stash.hooks();
+        slot.stashed->call_pack_hook(slot.held);
+        unhold(slot);
+      }
+    }
+  }
+}
+
+void OpCache::prefetch() {
+  // A recomputation during the forward (a backward inside it) stops at the
+  // forward's point so far: it would not take what lies past it.
+  if (recording_) {
+    return;
+  }
+  dispatch::IsolationGuard isolated;
+  c10::AutoGradMode no_grad(false);
+  for (auto& [op, calls] : calls_) {
+    for (auto& call : calls) {
+      if (call.state != Call::State::Saved || call.target == nullptr) {
+        continue;
+      }
+      for (auto& slot : call.slots) {
+        if (slot.copy.defined() && slot.incoming == nullptr) {
+          slot.incoming = call.target->start_copy_back(slot.copy, slot.from);
+        }
+      }
+    }
+  }
+}
+
+std::vector<c10::IValue> OpCache::outputs_of(Call& call, bool consume) {
+  std::optional<dispatch::IsolationGuard> isolated;
+  std::optional<c10::AutoGradMode> no_grad;
+  size_t index = 0;
+  auto tensor_of = [&](const at::Tensor&) -> at::Tensor {
+    Slot& slot = call.slots.at(index++);
+    if (slot.held.defined()) {
+      return consume ? slot.held : detached_alias(slot.held);
+    }
+    if (slot.stashed != nullptr) {
+      return slot.stashed->call_unpack_hook();
+    }
+    if (!isolated.has_value()) {
+      isolated.emplace();
+      no_grad.emplace(false);
+    }
+    if (slot.incoming != nullptr) {
+      return std::exchange(slot.incoming, nullptr)->take();
+    }
+    return call.target->copy_back(slot.copy, slot.from);
+  };
+  size_t position = 0;
+  std::vector<c10::IValue> outputs;
+  outputs.reserve(call.outputs.size());
+  for (const auto& output : call.outputs) {
+    outputs.push_back(map_tensors(output, [&](const at::Tensor& placeholder) {
+      return call.defined.at(position++) ? tensor_of(placeholder) : at::Tensor();
+    }));
+  }
+  return outputs;
+}
+
+const OpCache::Call* OpCache::find(const c10::OperatorHandle& op,
+                                   size_t call) const {
+  const auto it = calls_.find(op);
+  const size_t recorded = it == calls_.end() ? 0 : it->second.size();
+  if (call < recorded) {
+    return &it->second[call];
+  }
+  if (recording_) {
+    return nullptr;
+  }
+  SAC_CHECKPOINT_CHECK(recorded > 0, "sac: ", op.operator_name(),
+              " ran during recomputation but never in the checkpointed "
+              "forward. ", kMismatchHint);
+  SAC_CHECKPOINT_CHECK(false, "sac: ", op.operator_name(), " ran at least ", call + 1,
+              " times during recomputation but only ", recorded,
+              " times in the checkpointed forward. ", kMismatchHint);
+}
+
+bool OpCache::cached(const c10::OperatorHandle& op, size_t call) const {
+  const Call* found = find(op, call);
+  return found != nullptr && found->state != Call::State::Recompute &&
+         // Modified already: end_recording will demote it.
+         !(recording_ && first_modified(*found).has_value());
+}
+
+OpCache::Served OpCache::take(const c10::OperatorHandle& op, size_t index,
+                              bool allow_mutation) {
+  const Call* found = find(op, index);
+  TORCH_INTERNAL_ASSERT(found != nullptr, "sac: take() of a call not recorded");
+  Call& call = const_cast<Call&>(*found);
+  if (recording_) {
+    // The backward after the forward needs them too: hand out new aliases.
+    TORCH_INTERNAL_ASSERT(call.state == Call::State::Saved);
+    return {outputs_of(call, /*consume=*/false), call.generator};
+  }
+  SAC_CHECKPOINT_CHECK(call.state != Call::State::Served,
+              "sac: Trying to backward an extra time through a region "
+              "checkpointed with a selective policy: the outputs cached for ",
+              op.operator_name(), " (call ", index,
+              ") were already used by an earlier backward. Such a region can "
+              "be backwarded once; run its forward again before another "
+              "backward, or checkpoint it without a policy (full "
+              "recomputation allows retain_graph).");
+  TORCH_INTERNAL_ASSERT(call.state == Call::State::Saved);
+  if (!allow_mutation) {
+    const auto modified = first_modified(call);
+    SAC_CHECKPOINT_CHECK(!modified.has_value(), "sac: a tensor cached for ",
+                op.operator_name(), " (call ", index, ", tensor ",
+                modified->first, ") was modified in place after the "
+                "checkpointed forward (", modified->second, "), so it no "
+                "longer holds the op's output. Do not modify the region's "
+                "outputs in place before backward, stop saving ",
+                op.operator_name(),
+                ", or allow it with allow_cache_entry_mutation(true).");
+  }
+  Served served{outputs_of(call, /*consume=*/true), std::move(call.generator)};
+  drop(call);
+  call.state = Call::State::Served;
+  return served;
+}
+
+void OpCache::clear() {
+  calls_.clear();
+  storages_.clear();
+  producers_.clear();
+  latest_outputs_.clear();
+  bytes_ = 0;
+  saved_calls_ = 0;
+  collectives_.clear();
+}
+
+void OpCache::drop(Call& call) {
+  for (auto& slot : call.slots) {
+    release(slot);
+  }
+  call.outputs.clear();
+  call.defined.clear();
+  call.slots.clear();
+  call.generator.reset();
+  call.target.reset();
+  --saved_calls_;
+}
+
+}  // namespace sac

@@ -1,0 +1,292 @@
+// The outputs a selective-checkpointing forward keeps for its recomputation.
+//
+// Mirrors the storage of PyTorch's SAC: for each op, its calls in forward
+// order, each either *saved* (its outputs, kept as detached aliases) or marked
+// *recompute*. The recomputation addresses a call by (op, call index), so the
+// forward's decisions replay exactly. The cache knows nothing of checkpoint
+// frames or policies; it holds values and checks that they are still the
+// values that were stored.
+#pragma once
+
+#include <sac/cache/collective_ledger.h>
+#include <sac/base/copy_target.h>
+#include <sac/base/stash.h>
+#include <sac/base/version_watch.h>
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace sac {
+
+// A random generator together with its state right after a saved random op
+// drew from it in forward. Serving the op's outputs restores that state, so
+// the random ops recomputed after it draw the same numbers as in forward.
+struct GeneratorSnapshot {
+  at::Generator live;
+  at::Generator state_after;
+};
+
+class OpCache {
+ public:
+  OpCache() = default;
+  OpCache(const OpCache&) = delete;
+  OpCache& operator=(const OpCache&) = delete;
+
+  // ---- Forward ------------------------------------------------------------
+
+  // The forward records from begin_recording() to end_recording(). A
+  // recomputation may run in between: a backward inside the checkpointed
+  // function recomputes the region so far. It replays the record so far as
+  // a prefix: calls past its end run, saved outputs are handed out but kept
+  // for the backward after the forward, and outputs already modified run
+  // again (end_recording will demote them).
+  //
+  // With `track_producers`, the cache also remembers which call returned
+  // each tensor it records, recompute calls included (their outputs held
+  // weakly), so that a later decision can change a call's answer until the
+  // forward ends: see producer_of.
+  void begin_recording(bool track_producers = false);
+  // Ends the forward: demotes saved calls whose outputs were modified in
+  // place since they were stored to recompute calls (dropping the outputs):
+  // their cached value is no longer what the op returned, but the
+  // recomputation will redo both the op and the modification. Warns (once
+  // per process) when it demotes anything: the policy then saves less than
+  // it says.
+  void end_recording();
+
+  // Moves the outputs of every saved call into `stash` (after
+  // end_recording): the cache keeps the stash's hooks instead, and take()
+  // gets the outputs back from them. The cache holds no storage any more
+  // (bytes() is 0); in-place changes to the stored tensors are still caught.
+  void stash(TensorStash& stash);
+
+  // Records that the next call of `op` will be recomputed. While tracking
+  // producers, `outputs` (held weakly) and `generator` are what keep_late
+  // needs to keep the call after all; otherwise they are not kept.
+  void append_recompute(const c10::OperatorHandle& op,
+                        c10::ArrayRef<c10::IValue> outputs = {},
+                        std::optional<GeneratorSnapshot> generator = std::nullopt);
+
+  // Records the next call of `op` as saved: keeps a detached alias of each
+  // tensor in `outputs` (same storage and version counter, no autograd
+  // history) with its version now; other values are kept as they are. With
+  // `offload_to`, each tensor it accepts is copied there now and its alias
+  // dropped, so the device memory goes as soon as the forward is done with
+  // it; a tensor it does not accept is kept as saved.
+  void append_saved(const c10::OperatorHandle& op,
+                    c10::ArrayRef<c10::IValue> outputs,
+                    std::optional<GeneratorSnapshot> generator,
+                    std::shared_ptr<CopyTarget> offload_to = nullptr);
+
+  // The number of calls of `op` recorded so far: the index of the next one.
+  size_t recorded_calls(const c10::OperatorHandle& op) const;
+
+  // Watches the tensors among `values` that share storage with a cached
+  // tensor: an op such as aten::_unsafe_view returns a tensor on its input's
+  // storage with a version counter of its own, so an in-place op on one
+  // (LibTorch's C++ linear adds its bias that way) modifies the other without
+  // changing its version. The caching mode passes the outputs of every op the
+  // forward runs, and the inputs of every op it saves.
+  void watch_aliases(c10::ArrayRef<c10::IValue> values);
+
+  // ---- Late decisions (while recording, tracking producers) ----------------
+
+  // A recorded call that returned a tensor, and whether it is kept now.
+  struct Producer {
+    c10::OperatorHandle op;
+    size_t call;
+    bool kept;
+  };
+
+  // The call whose outputs `t` is on (the same storage: an output, or a view
+  // or reshape of one), if this forward recorded it; nullopt for tensors
+  // made before it or by ops it did not record.
+  std::optional<Producer> producer_of(const at::Tensor& t) const;
+
+  // Keeps recompute call `producer` after all, as append_saved would have
+  // (offloading what `offload_to` accepts). It cannot when one of its
+  // outputs was modified in place since the op returned, or was freed (the
+  // cache holds the outputs of the latest recorded call until the next one
+  // is recorded, and only weak references to older ones): then the call
+  // stays recomputed and the reason is returned.
+  std::optional<std::string> keep_late(const Producer& producer,
+                                       std::shared_ptr<CopyTarget> offload_to);
+
+  // Recomputes kept call `producer` after all, dropping its outputs.
+  void recompute_late(const Producer& producer);
+
+  // ---- Recomputation ------------------------------------------------------
+
+  // Whether the outputs of call `call` of `op` are (or were, until taken) in
+  // the cache; otherwise the recomputation runs the op. False for a call past
+  // the end of a forward still recording. Throws if the forward made no such
+  // call (and is not recording any more).
+  bool cached(const c10::OperatorHandle& op, size_t call) const;
+
+  // Starts copying every offloaded output back to its device, so that the
+  // copies overlap with the work queued before the recomputation reaches
+  // them. take() waits for them.
+  void prefetch();
+
+  struct Served {
+    std::vector<c10::IValue> outputs;
+    std::optional<GeneratorSnapshot> generator;
+  };
+
+  // Hands out the outputs of saved call `call` of `op`, once (any number of
+  // times while recording). Throws if they were already handed out (a second
+  // backward through the region), or if a tensor among them was modified in
+  // place since it was stored and `allow_mutation` is false.
+  Served take(const c10::OperatorHandle& op, size_t call, bool allow_mutation);
+
+  // Drops every call and the outputs it kept, and the collectives noted.
+  void clear();
+  // No call recorded (or all cleared).
+  bool empty() const { return calls_.empty(); }
+
+  // The collectives the forward issued (sac/cache/collective_ledger.h),
+  // whether or not the policy decides about them. Emptied by
+  // begin_recording() and clear().
+  CollectiveLedger& collectives() { return collectives_; }
+
+  // ---- Accounting ---------------------------------------------------------
+
+  // Bytes of tensor storage the cache keeps alive on the outputs' devices
+  // (each storage counted once, however many cached tensors share it).
+  // Offloaded and stashed outputs are not counted: the target and the
+  // stash hold those.
+  size_t bytes() const { return bytes_; }
+  // Saved calls whose outputs have not been handed out yet.
+  size_t saved_calls() const { return saved_calls_; }
+  // Saved calls turned into recompute calls by end_recording.
+  size_t demoted_calls() const { return demoted_calls_; }
+
+  // The recorded calls by what became of them, after end_recording and
+  // before stash() (sac/cache/statistics.h counts with it).
+  struct Summary {
+    size_t kept_calls = 0;       // saved, every output still on its device
+    size_t offloaded_calls = 0;  // saved, an output offloaded
+    size_t recompute_calls = 0;
+    // Device bytes of the offloaded outputs' storages that no kept output
+    // holds (each counted once).
+    int64_t offloaded_bytes = 0;
+  };
+  Summary summary() const;
+
+ private:
+  // One tensor among a call's outputs, and where it is now.
+  struct Slot {
+    explicit Slot(const at::Tensor& t) : version(t) {}
+    VersionWatch version;  // the output's own counter, since the op returned
+    const c10::StorageImpl* storage = nullptr;  // its key in storages_, if any
+    // Not kept: the recompute call's output, while keep_late may still keep
+    // it (tracking producers) ...
+    std::optional<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> returned;
+    // ... or kept on its device (a detached alias) ...
+    at::Tensor held;
+    // Or stashed (sac/base/stash.h) ...
+    std::unique_ptr<torch::autograd::SavedVariableHooks> stashed;
+    // ... or offloaded: the copy in the call's target, what it was copied
+    // from, and its copy back once prefetch() started it.
+    at::Tensor copy;
+    CopiedFrom from;
+    std::unique_ptr<IncomingCopy> incoming;
+  };
+
+  struct Call {
+    // Saved (with its outputs) or Recompute (with the structure of its
+    // outputs and weak slots while producers are tracked).
+    enum class State : uint8_t { Recompute, Saved, Served };
+    State state = State::Recompute;
+    // The op's outputs with their structure, each tensor replaced by an
+    // undefined placeholder; per placeholder, whether it stands for a
+    // defined tensor, which is then in the next slot.
+    std::vector<c10::IValue> outputs;
+    std::vector<bool> defined;
+    std::vector<Slot> slots;
+    std::optional<GeneratorSnapshot> generator;
+    std::shared_ptr<CopyTarget> target;  // of the offloaded slots
+  };
+
+  // The call, or null for one past the end of a forward still recording.
+  const Call* find(const c10::OperatorHandle& op, size_t call) const;
+  // A call recording the structure of `outputs`, with a slot per defined
+  // tensor (not kept yet).
+  static Call shape_of(c10::ArrayRef<c10::IValue> outputs);
+  // Keeps `call`'s slots (`tensors`, one per slot) and offloads those
+  // `offload_to` accepts: the call is saved from now on.
+  void keep(Call& call, const std::vector<at::Tensor>& tensors,
+            std::shared_ptr<CopyTarget> offload_to);
+  // Remembers call `index` of `op` as the producer of the storages of
+  // `tensors`, its outputs.
+  void note_producer(const c10::OperatorHandle& op, size_t index,
+                     c10::ArrayRef<at::Tensor> tensors);
+  // Forgets what only late decisions needed.
+  void stop_tracking();
+  void demote_modified();
+  void offload(Slot& slot, CopyTarget& target);
+  // The call's outputs with each slot's tensor: the held ones as new
+  // aliases (`consume`: moved out), the prefetched ones taken, the others
+  // copied back.
+  std::vector<c10::IValue> outputs_of(Call& call, bool consume);
+  void hold(Slot& slot, const at::Tensor& t);
+  // The slot's tensor leaves the device (stashed, offloaded or served).
+  void unhold(Slot& slot);
+  void release(Slot& slot);
+  void drop(Call& call);
+
+  std::unordered_map<c10::OperatorHandle, std::vector<Call>> calls_;
+  // Per storage of a slot (held, stashed or offloaded).
+  struct StorageInfo {
+    size_t slots = 0;   // slots on it
+    size_t held = 0;    // of which hold it on the device
+    size_t nbytes = 0;  // its size when first held
+    // Every version counter known on it, one watch each: the cached tensors'
+    // own and their aliases' (see watch_aliases). A change through any of
+    // them changes the memory every cached tensor on it reads.
+    std::vector<VersionWatch> watches;
+    // Keeps the key's address from being reused by another storage after
+    // the device memory is gone (stashed or offloaded slots).
+    std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> pin;
+  };
+  void watch(StorageInfo& info, const at::Tensor& t);
+
+  // The first tensor of `call` modified since it was stored: its index and
+  // how, or nullopt.
+  std::optional<std::pair<size_t, std::string>> first_modified(const Call& call) const;
+
+  std::unordered_map<const c10::StorageImpl*, StorageInfo> storages_;
+
+  // Per storage of a tracked call's output: that call. Pinned as in
+  // StorageInfo. `aliases` are the watches of watch_aliases for storages not
+  // kept yet; keep_late hands them to StorageInfo.
+  struct ProducerInfo {
+    c10::OperatorHandle op;
+    size_t call;
+    c10::weak_intrusive_ptr<c10::StorageImpl> pin;
+    std::vector<VersionWatch> aliases;
+  };
+  std::unordered_map<const c10::StorageImpl*, ProducerInfo> producers_;
+  bool track_producers_ = false;
+  // The outputs of the latest call, if it was recomputed (see
+  // append_recompute).
+  std::vector<at::Tensor> latest_outputs_;
+
+  bool recording_ = false;
+  size_t bytes_ = 0;
+  size_t saved_calls_ = 0;
+  size_t demoted_calls_ = 0;
+  CollectiveLedger collectives_;
+};
+
+}  // namespace sac

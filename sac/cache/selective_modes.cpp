@@ -1,0 +1,345 @@
+#include <sac/cache/selective_modes.h>
+
+#include <sac/dispatch/internal/boxed.h>
+#include <sac/policy/internal/op_traits.h>
+#include <sac/base/stash.h>
+
+#include <ATen/Context.h>
+#include <c10/util/Exception.h>
+
+#include <mutex>
+#include <unordered_set>
+
+namespace sac {
+namespace {
+
+using dispatch::arguments_on;
+using dispatch::outputs_on;
+
+// A random op's explicit Generator argument, if it has one.
+std::optional<at::Generator> explicit_generator(c10::ArrayRef<c10::IValue> args) {
+  for (const auto& arg : args) {
+    if (arg.isGenerator()) {
+      return arg.toGenerator();
+    }
+  }
+  return std::nullopt;
+}
+
+// The generator a random op drew from (`generator` if explicit, else the
+// default generator of its first tensor output's device) and its state now.
+std::optional<GeneratorSnapshot> snapshot_after(
+    std::optional<at::Generator> generator, c10::ArrayRef<c10::IValue> outputs) {
+  if (!generator.has_value()) {
+    for (const auto& output : outputs) {
+      if (output.isTensor() && output.toTensor().defined()) {
+        generator = at::globalContext().defaultGenerator(output.toTensor().device());
+        break;
+      }
+    }
+  }
+  if (!generator.has_value()) {
+    return std::nullopt;
+  }
+  std::lock_guard<std::mutex> lock(generator->mutex());
+  return GeneratorSnapshot{*generator, generator->clone()};
+}
+
+// Warns with `message` the first time this process meets `key`: a region's
+// forward runs every training step, and so would its warnings.
+void warn_once(const std::string& key, const std::string& message) {
+  static std::mutex mutex;
+  static std::unordered_set<std::string> warned;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!warned.insert(key).second) {
+      return;
+    }
+  }
+  TORCH_WARN(message);
+}
+
+// A functional collective returns at once, and its work writes the outputs
+// in place when it completes: a later version than the one the cache would
+// record, which the cache would take for a modification (and recompute the
+// call). So a kept collective is waited for before its outputs are cached:
+// the cache holds the completed values, at the version they keep. Only kept
+// collectives lose their overlap with the forward's compute, and the
+// region's own wait_tensor then finds nothing in flight.
+void wait_for_collective(c10::ArrayRef<c10::IValue> outputs) {
+  static const c10::OperatorHandle wait_tensor =
+      c10::Dispatcher::singleton().findSchemaOrThrow("_c10d_functional::wait_tensor", "");
+  for (const auto& output : outputs) {
+    dispatch::for_each_tensor(output, [](const at::Tensor& t) {
+      torch::jit::Stack stack{t};
+      wait_tensor.callBoxed(&stack);
+    });
+  }
+}
+
+void restore(GeneratorSnapshot snapshot) {
+  const at::Tensor state = snapshot.state_after.get_state();
+  std::lock_guard<std::mutex> lock(snapshot.live.mutex());
+  snapshot.live.set_state(state);
+}
+
+}  // namespace
+
+// ---- SelectiveMode ----------------------------------------------------------
+
+void SelectiveMode::enter() {
+  if (entries_.empty()) {
+    on_outermost_enter();
+  }
+  entries_.push_back(dispatch::push_interceptor(this));
+}
+
+void SelectiveMode::exit() {
+  TORCH_INTERNAL_ASSERT(!entries_.empty(), "sac: a mode exited more often than entered");
+  dispatch::pop_interceptor(entries_.back());
+  entries_.pop_back();
+  if (entries_.empty()) {
+    on_outermost_exit();
+  }
+}
+
+// ---- CachingMode ------------------------------------------------------------
+
+CachingMode::CachingMode(Policy policy, std::shared_ptr<OpCache> cache,
+                         std::shared_ptr<CopyTarget> offload_to,
+                         std::shared_ptr<RegionStatistics> statistics)
+    : SelectiveMode(std::move(policy), std::move(cache), std::move(statistics)),
+      offload_to_(std::move(offload_to)) {}
+
+void CachingMode::on_outermost_enter() {
+  TORCH_CHECK(cache_->empty(),
+              "sac: this pair of selective checkpointing modes already recorded "
+              "the forward of a checkpointed region, whose recomputation still "
+              "needs it. Create a new pair for each region: a context_fn should "
+              "call create_selective_checkpoint_contexts each time it is called "
+              "(or use CheckpointOptions::policy, which does).");
+  cache_->begin_recording(/*track_producers=*/policy_.domain().tags);
+  tagged_names_.clear();
+  counts_ = RegionCounts();
+  storages_.clear();
+  output_bytes_ = 0;
+}
+
+void CachingMode::on_outermost_exit() {
+  report_untagged_names();
+  cache_->end_recording();
+  if (statistics_ != nullptr) {
+    add_statistics();
+  }
+  // Kept until backward: where the thread keeps such tensors (host memory,
+  // under sac::OffloadGuard).
+  if (TensorStash* stash = current_stash()) {
+    cache_->stash(*stash);
+  }
+}
+
+void CachingMode::intercept(const c10::OperatorHandle& op,
+                            c10::DispatchKeySet below, torch::jit::Stack* stack) {
+  const bool collective = policy::issues_collective(op);
+  if (collective) {
+    cache_->collectives().note(op, arguments_on(op, *stack));
+  }
+  if (!policy_.decides_about(op)) {
+    dispatch::run_op(op, below, stack);
+    cache_->watch_aliases(outputs_on(op, *stack));
+    return;
+  }
+  // The policy reads the arguments after the op ran, and an input may share
+  // a saved output's storage (aten::_unsafe_view), to be watched: they
+  // outlive the call.
+  const auto args = arguments_on(op, *stack);
+  const std::vector<c10::IValue> inputs(args.begin(), args.end());
+  const bool random = policy::is_random(op);
+  std::optional<at::Generator> generator =
+      random ? explicit_generator(inputs) : std::nullopt;
+  dispatch::run_op(op, below, stack);
+  const auto outputs = outputs_on(op, *stack);
+  std::optional<GeneratorSnapshot> after =
+      random ? snapshot_after(std::move(generator), outputs) : std::nullopt;
+  const SelectiveCheckpointContext ctx{/*is_recompute=*/false, outputs,
+                                       cache_->recorded_calls(op)};
+  const CheckpointPolicy answer = policy_.decide(ctx, op, inputs);
+  if (is_tag(op)) {
+    ++counts_.tags;
+    apply_tag(inputs, answer);
+    cache_->append_recompute(op);
+    return;
+  }
+  ++counts_.calls_seen;
+  if (statistics_ != nullptr) {
+    count_bytes(outputs);
+  }
+  if (is_recompute(answer)) {
+    cache_->watch_aliases(outputs);
+    cache_->append_recompute(op, outputs, std::move(after));
+    return;
+  }
+  if (collective) {
+    wait_for_collective(outputs);
+  }
+  if (policy_.domain().every_cacheable_op && dispatch::mechanism_misses(op)) {
+    warn_once("unseen " + c10::toString(op.operator_name()),
+              c10::str("sac: the policy ", policy_.describe(), " answers ", to_string(answer),
+                       " for ", op.operator_name(), ", whose calls through LibTorch's "
+                       "torch:: factory functions (torch::zeros, torch::arange, "
+                       "torch::randn_like, ...) sac's per-op kernels never see: only its "
+                       "calls through at:: functions reach the policy. Use the fallback-key "
+                       "mechanism (SAC_DISPATCH=fallback) to see every call. Reported once "
+                       "per op."));
+  }
+  cache_->append_saved(op, outputs, std::move(after),
+                       is_offload(answer) ? offload_to_ : nullptr);
+  cache_->watch_aliases(inputs);
+}
+
+void CachingMode::apply_tag(c10::ArrayRef<c10::IValue> args, CheckpointPolicy answer) {
+  const std::string& name = tag_name(args);
+  tagged_names_.insert(name);
+  const auto producer = cache_->producer_of(args[0].toTensor());
+  if (!producer.has_value()) {
+    return;  // not returned by an op of this region: nothing to keep
+  }
+  if (is_kept(answer) && !producer->kept) {
+    const auto why_not =
+        cache_->keep_late(*producer, is_offload(answer) ? offload_to_ : nullptr);
+    if (why_not.has_value()) {
+      warn_once("keep " + name,
+                c10::str("sac: the policy ", policy_.describe(), " answers ",
+                         to_string(answer), " for the value tagged '", name,
+                         "', but the call of ", producer->op.operator_name(),
+                         " that returned it cannot be kept: ", *why_not,
+                         ". It is recomputed. Tag a value that is not modified in "
+                         "place after its op returned (LibTorch's nn::Linear adds its "
+                         "bias in place on input of more than 2 dimensions: flatten "
+                         "such input to 2-D so that it runs aten::addmm). Reported "
+                         "once per name."));
+    }
+  } else if (answer == CheckpointPolicy::MustRecompute && producer->kept) {
+    cache_->recompute_late(*producer);
+  }
+}
+
+void CachingMode::count_bytes(c10::ArrayRef<c10::IValue> outputs) {
+  for (const auto& output : outputs) {
+    dispatch::for_each_tensor(output,
+                              [&](const at::Tensor& t) { output_bytes_ += storages_.meet(t); });
+  }
+}
+
+void CachingMode::add_statistics() {
+  const OpCache::Summary summary = cache_->summary();
+  counts_.forwards = 1;
+  counts_.calls_saved = summary.kept_calls;
+  counts_.calls_offloaded = summary.offloaded_calls;
+  // The cache records each tag as a recompute call.
+  counts_.calls_recomputed = summary.recompute_calls - counts_.tags;
+  counts_.calls_demoted = cache_->demoted_calls();
+  counts_.bytes_kept = static_cast<int64_t>(cache_->bytes());
+  counts_.bytes_offloaded = summary.offloaded_bytes;
+  counts_.bytes_dropped = output_bytes_ - counts_.bytes_kept - counts_.bytes_offloaded;
+  counts_.collectives_issued = cache_->collectives().size();
+  statistics_->add(counts_);
+  storages_.clear();
+}
+
+void CachingMode::report_untagged_names() const {
+  for (const auto& name : policy_.domain().names) {
+    if (tagged_names_.count(name) == 0) {
+      warn_once("untagged " + name,
+                c10::str("sac: the policy ", policy_.describe(), " asks for the name '",
+                         name, "', but no sac::tag(..., \"", name, "\") ran in the "
+                         "forward of the checkpointed region it governs, so nothing is "
+                         "kept by that name. Check the spelling, and that the tag runs "
+                         "inside the region (in a nested selective region, the inner "
+                         "region's policy decides). Reported once per name."));
+    }
+  }
+}
+
+// ---- CachedMode -------------------------------------------------------------
+
+CachedMode::CachedMode(Policy policy, std::shared_ptr<OpCache> cache,
+                       bool allow_cache_entry_mutation,
+                       std::shared_ptr<RegionStatistics> statistics)
+    : SelectiveMode(std::move(policy), std::move(cache), std::move(statistics)),
+      allow_cache_entry_mutation_(allow_cache_entry_mutation) {}
+
+void CachedMode::on_outermost_enter() {
+  next_call_.clear();
+  next_collective_.clear();
+  pass_ = RegionCounts();
+  if (statistics_ != nullptr) {
+    pass_started_ = std::chrono::steady_clock::now();
+  }
+  cache_->prefetch();
+}
+
+void CachedMode::on_outermost_exit() {
+  if (statistics_ == nullptr) {
+    return;
+  }
+  pass_.recomputations = 1;
+  pass_.recompute_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - pass_started_).count();
+  statistics_->add(pass_);
+}
+
+void CachedMode::intercept(const c10::OperatorHandle& op,
+                           c10::DispatchKeySet below, torch::jit::Stack* stack) {
+  // Checked whether served or run: a served call is the forward's call of
+  // the same index, so a mismatch means the region took another path.
+  const bool collective = policy::issues_collective(op);
+  if (collective) {
+    cache_->collectives().check(op, next_collective_[op]++, arguments_on(op, *stack));
+  }
+  if (!policy_.decides_about(op)) {
+    pass_.collectives_reissued += collective;
+    dispatch::run_op(op, below, stack);
+    return;
+  }
+  const size_t call = next_call_[op]++;
+  if (!cache_->cached(op, call)) {
+    pass_.collectives_reissued += collective;
+    if (statistics_ != nullptr && !is_tag(op)) {
+      ++pass_.calls_rerun;
+    }
+    dispatch::run_op(op, below, stack);
+    return;
+  }
+  ++pass_.calls_served;
+  OpCache::Served served = cache_->take(op, call, allow_cache_entry_mutation_);
+  torch::jit::drop(*stack, op.schema().arguments().size());
+  for (auto& output : served.outputs) {
+    stack->push_back(std::move(output));
+  }
+  if (served.generator.has_value()) {
+    restore(std::move(*served.generator));
+  }
+}
+
+// ---- Factory ----------------------------------------------------------------
+
+SelectiveCheckpointContexts create_selective_checkpoint_contexts(
+    const Policy& policy, bool allow_cache_entry_mutation,
+    std::shared_ptr<CopyTarget> offload_to, std::shared_ptr<RegionStatistics> statistics) {
+  policy.prepare_interception();
+  // The caching mode watches these for in-place changes to cached values.
+  dispatch::intercept_ops(policy::hidden_alias_ops());
+  // Both modes track the collectives, whatever the policy decides about.
+  dispatch::intercept_ops_matching(&policy::issues_collective);
+  auto cache = std::make_shared<OpCache>();
+  if (offload_to == nullptr) {
+    offload_to = host_memory();
+  }
+  return {std::make_shared<CachingMode>(policy, cache, std::move(offload_to), statistics),
+          std::make_shared<CachedMode>(policy, cache, allow_cache_entry_mutation,
+                                       std::move(statistics)),
+          cache};
+}
+
+}  // namespace sac

@@ -1,0 +1,317 @@
+#include <sac/checkpoint/internal/frame.h>
+
+#include <sac/base/error.h>
+#include <sac/checkpoint/graph_exec_group.h>
+#include <sac/checkpoint/internal/profiler_scope.h>
+#include <sac/dispatch/interceptor.h>
+#include <sac/base/version_watch.h>
+
+#include <ATen/core/grad_mode.h>
+#include <c10/util/irange.h>
+#include <torch/csrc/autograd/graph_task.h>
+
+#include <atomic>
+#include <optional>
+#include <sstream>
+
+namespace sac::detail {
+
+// Thrown by the recompute hooks once every holder is filled; caught by
+// recompute(). It must be a std::exception: when the checkpointed function
+// runs a backward of its own (torch::autograd::grad inside the region), the
+// hook throws from inside that nested backward, and the autograd engine
+// cleans up (and hands the exception to its caller) only for std::exception;
+// anything else unwinds past its bookkeeping and corrupts it. User code that
+// catches and swallows it gets it again at the next saved tensor.
+struct StopRecomputation final : std::exception {
+  const char* what() const noexcept override {
+    return "sac: recomputation stopped early (every saved tensor is "
+           "recomputed); this exception is internal to sac::checkpoint";
+  }
+};
+
+// One tensor saved in forward: what it is replaced with in the graph.
+struct Holder {
+  explicit Holder(const at::Tensor& packed) : packed_version(packed) {}
+  // Autograd checks a saved tensor's version when it is unpacked, but not
+  // when hooks hold it: this restores that check (see check_not_modified).
+  VersionWatch packed_version;
+  struct Slot {
+    at::Tensor value;
+    bool unpacked = false;
+  };
+  // Per backward pass (graph task id): the recomputed tensor.
+  std::unordered_map<int64_t, Slot> recomputed;
+};
+
+namespace {
+
+constexpr const char* kDebugTip =
+    "Tip: for a more detailed error, pass .debug(true) in the checkpoint's "
+    "options (or create a sac::DebugGuard(true)) to log the ops of the forward "
+    "and of the recomputation.";
+
+class ForwardHooks final : public torch::autograd::SavedVariableHooks {
+ public:
+  explicit ForwardHooks(std::shared_ptr<CheckpointFrame> frame)
+      : frame_(std::move(frame)) {}
+  void call_pack_hook(const at::Tensor& tensor) override {
+    holder_ = frame_->add_holder(tensor);
+  }
+  at::Tensor call_unpack_hook() override {
+    check_not_modified();
+    return frame_->unpack(*holder_);
+  }
+
+ private:
+  // Autograd's own check of a saved tensor, which it skips for tensors held
+  // by hooks. Without it, an enclosing region whose function modifies a
+  // nested region's argument in place recomputes from the modified value
+  // and gives silently wrong gradients.
+  void check_not_modified() const {
+    const VersionWatch& version = holder_->packed_version;
+    SAC_CHECKPOINT_CHECK(
+        !version.changed(),
+        "one of the variables needed for gradient computation has been "
+        "modified by an inplace operation: a tensor saved inside a "
+        "checkpointed region is at version ", version.current_version(),
+        "; expected version ", version.version(),
+        " instead. Autograd would raise this error without checkpointing too. "
+        "Inside a checkpointed region it usually means that the function "
+        "modifies a tensor in place after an op used it, often the argument "
+        "of a nested sac::checkpoint: clone the argument before modifying it "
+        "(a.add_(1) -> a = a + 1), or modify it outside the region.");
+  }
+
+  std::shared_ptr<CheckpointFrame> frame_;
+  std::shared_ptr<Holder> holder_;
+};
+
+// The pass an unpack belongs to, which recomputes once: the thread's
+// GraphExecGroup, else the backward call (graph task). Unpacks outside any
+// backward get an id of their own each (PyTorch uses a fresh uuid), so each
+// recomputes.
+int64_t current_graph_task() {
+  if (const auto group = GraphExecGroup::current_id()) {
+    return *group;
+  }
+  static std::atomic<int64_t> next_temporary{-2};
+  const int64_t id = torch::autograd::get_current_graph_task_id();
+  return id == -1 ? next_temporary.fetch_sub(1) : id;
+}
+
+}  // namespace
+
+std::string CheckpointFrame::TensorMetadata::str() const {
+  std::ostringstream out;
+  out << "{shape: " << c10::IntArrayRef(sizes) << ", dtype: " << dtype
+      << ", device: " << device << "}";
+  return out.str();
+}
+
+CheckpointFrame::CheckpointFrame(FrameConfig config,
+                                 std::shared_ptr<Recomputation> recomputation,
+                                 RegionContexts contexts,
+                                 ForwardState forward_state)
+    : config_(config),
+      recomputation_(std::move(recomputation)),
+      contexts_(std::move(contexts)),
+      forward_state_(std::move(forward_state)) {}
+
+CheckpointFrame::~CheckpointFrame() { release(); }
+
+void CheckpointFrame::abandon() {
+  abandoned_ = true;
+  release();
+}
+
+void CheckpointFrame::release() {
+  if (released_) {
+    return;
+  }
+  released_ = true;
+  recomputation_->release();
+  if (!forward_entered_) {
+    return;  // e.g. the contexts refused this region: their state is another's
+  }
+  for (const auto& context : {contexts_.forward, contexts_.recompute}) {
+    if (context) {
+      context->release();
+    }
+  }
+}
+
+SavedTensorHooksFactory CheckpointFrame::forward_hooks() {
+  return [frame = shared_from_this()] {
+    return std::make_unique<ForwardHooks>(frame);
+  };
+}
+
+std::shared_ptr<Holder> CheckpointFrame::add_holder(const at::Tensor& packed) {
+  recomputation_->saved(packed);
+  auto holder = std::make_shared<Holder>(packed);
+  holders_.push_back(holder);
+  if (config_.determinism_check) {
+    metadata_.push_back({packed.sizes().vec(), packed.scalar_type(), packed.device()});
+  }
+  return holder;
+}
+
+at::Tensor CheckpointFrame::unpack(Holder& holder) {
+  if (!config_.debug) {
+    return unpack_unchecked(holder);
+  }
+  try {
+    return unpack_unchecked(holder);
+  } catch (const CheckpointError& error) {
+    rethrow_with_logs(error);
+  }
+}
+
+at::Tensor CheckpointFrame::unpack_unchecked(Holder& holder) {
+  SAC_CHECKPOINT_CHECK(
+      !abandoned_,
+      "sac: a tensor saved inside a checkpointed region is needed for "
+      "backward, but the region ended with an exception, so what would "
+      "recompute it is gone. Do not backward through the outputs of a "
+      "region that threw.");
+  const int64_t graph_task = current_graph_task();
+  if (!passes_[graph_task].recomputed) {
+    recompute(graph_task);
+    passes_[graph_task].recomputed = true;
+    check_recomputed_tensors_match(graph_task);
+  }
+  auto slot = holder.recomputed.find(graph_task);
+  TORCH_INTERNAL_ASSERT(slot != holder.recomputed.end(),
+                        "sac: a saved tensor was not recomputed");
+  SAC_CHECKPOINT_CHECK(
+      !slot->second.unpacked,
+      "sac::checkpoint: a saved tensor is being unpacked a second time in the "
+      "same backward pass. ",
+      GraphExecGroup::current_id().has_value()
+          ? "Two backward calls inside one sac::GraphExecGroup need the same "
+            "saved tensor: the backward calls of a group must cover parts of "
+            "the graph that do not overlap. Run overlapping backward calls "
+            "outside the group. "
+          : "",
+      "A custom autograd function must read its saved tensors once per "
+      "backward (call ctx->get_saved_variables() once).");
+  slot->second.unpacked = true;
+  return std::move(slot->second.value);
+}
+
+void CheckpointFrame::recompute(int64_t graph_task) {
+  // Each recomputation is "sac::recompute" in the PyTorch profiler.
+  ProfilerScope scope("sac::recompute");
+  // A backward inside an enclosing region's forward can start this
+  // recomputation while that region's modes are active on the thread; they
+  // must not see (and record) its ops, which the ordinary backward's
+  // recomputation would not show them. What it reads from outside may be
+  // held by an enclosing region, whose recomputation the pass's start
+  // begins: isolated too, and before this region's state is restored.
+  dispatch::IsolationGuard isolate;
+  std::unique_ptr<Recomputation::Pass> pass = recomputation_->begin(*this, graph_task);
+  ForwardState::Restore forward_state(forward_state_);
+  ContextScope context(contexts_.recompute.get());
+  std::optional<OpLogScope> log;
+  if (config_.debug) {
+    recompute_log_.clear();
+    log.emplace(recompute_log_, config_.debug_backtraces);
+  }
+  try {
+    pass->run();
+  } catch (const StopRecomputation&) {
+  }
+}
+
+void CheckpointFrame::save_recomputed(int64_t graph_task, const at::Tensor& value) {
+  // A recomputation during the forward (a backward inside the checkpointed
+  // function) recomputes the region *so far*: past that point it would run
+  // ops the forward has not run yet, and repeat their side effects (an
+  // in-place op on a buffer) before the forward runs them. So it always
+  // stops once the holders made so far are filled, early stop or not.
+  const bool stop_when_filled = config_.early_stop || !forward_completed_;
+  PassState& pass = passes_[graph_task];
+  if (stop_when_filled && pass.saved >= holders_.size()) {
+    throw StopRecomputation{};  // the first one was caught by user code
+  }
+  const size_t index = pass.saved++;
+  SAC_CHECKPOINT_CHECK(index < holders_.size(),
+                       "sac::checkpoint: trying to save more tensors during "
+                       "recomputation than during the original forward pass "
+                       "(", holders_.size(), " in forward). The checkpointed "
+                       "function ran different ops when recomputed. ",
+                       kDebugTip);
+  if (auto holder = holders_[index].lock()) {
+    // A holder freed by a backward inside the forward needs nothing.
+    auto& slot = holder->recomputed[graph_task];
+    TORCH_INTERNAL_ASSERT(!slot.value.defined());
+    slot = {value, false};
+  }
+  if (stop_when_filled && pass.saved == holders_.size()) {
+    throw StopRecomputation{};
+  }
+}
+
+void CheckpointFrame::check_recomputed_tensors_match(int64_t graph_task) {
+  const size_t saved = passes_[graph_task].saved;
+  SAC_CHECKPOINT_CHECK(
+      saved == holders_.size(),
+      "sac::checkpoint: a different number of tensors was saved during the "
+      "original forward and recomputation.\nNumber of tensors saved during "
+      "forward: ", holders_.size(),
+      "\nNumber of tensors saved during recomputation: ", saved,
+      ".\nThe checkpointed function ran different ops when recomputed: it "
+      "depends on state that changed between forward and backward. ",
+      kDebugTip);
+  if (!config_.determinism_check) {
+    return;
+  }
+  std::string mismatches;
+  for (const auto index : c10::irange(holders_.size())) {
+    auto holder = holders_[index].lock();
+    if (!holder) {
+      continue;
+    }
+    const auto slot = holder->recomputed.find(graph_task);
+    TORCH_INTERNAL_ASSERT(slot != holder->recomputed.end());
+    const at::Tensor& t = slot->second.value;
+    const TensorMetadata recomputed{t.sizes().vec(), t.scalar_type(), t.device()};
+    if (!(recomputed == metadata_[index])) {
+      mismatches += "tensor at position " + std::to_string(index) +
+                    ":\nsaved metadata: " + metadata_[index].str() +
+                    "\nrecomputed metadata: " + recomputed.str() + "\n";
+    }
+  }
+  SAC_CHECKPOINT_CHECK(
+      mismatches.empty(),
+      "sac::checkpoint: recomputed values for the following tensors have "
+      "different metadata than during the forward pass.\n", mismatches,
+      "The checkpointed function is not deterministic in shapes, dtypes or "
+      "devices. ", kDebugTip,
+      " Turn the check off with .determinism_check(sac::DeterminismCheck::None) "
+      "only if the difference is intended.");
+}
+
+void CheckpointFrame::rethrow_with_logs(const c10::Error& error) const {
+  throw CheckpointError(
+      {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+      c10::str(
+          error.what_without_backtrace(),
+          "\n\nsac::checkpoint debug mode: the ops of the original forward and "
+          "of the recomputation follow. Find where they part ways.\n",
+          config_.debug_backtraces
+              ? "\n== 1. Backtraces of the ops of the original forward ==\n" +
+                    forward_log_.traces("original") +
+                    "\n== 2. Backtraces of the ops of the recomputation ==\n" +
+                    recompute_log_.traces("recompute")
+              : std::string(),
+          "\n== Ops executed during the original forward (",
+          forward_log_.entries().size(), ") ==\n", forward_log_.ops(),
+          "\n== Ops executed during recomputation (",
+          recompute_log_.entries().size(), ") ==\n", recompute_log_.ops(),
+          "\nDifferences in detach calls between the two are expected: "
+          "checkpointing itself adds them."));
+}
+
+}  // namespace sac::detail

@@ -1,0 +1,108 @@
+// The state of one checkpointed region: PyTorch's _CheckpointFrame.
+//
+// During the forward, each tensor autograd saves is replaced by a *holder*
+// (forward hooks). The first unpack of a holder in a backward pass recomputes
+// the region under the recompute context, with the forward's RNG and autocast
+// state; the recomputation (recomputation.h: the function run again, or the
+// recorded ops replayed) fills the holders in the order the forward packed
+// them, and stops early once all are filled. Each backward pass (graph task)
+// recomputes once.
+//
+// The frame is owned by the hooks in the autograd graph: when the graph is
+// freed, after backward or when dropped, the frame and everything it keeps
+// (the contexts and their cache, the saved inputs) go with it.
+#pragma once
+
+#include <sac/checkpoint/internal/debug_log.h>
+#include <sac/checkpoint/internal/device_state.h>
+#include <sac/checkpoint/internal/recomputation.h>
+#include <sac/base/internal/saved_tensor_hooks.h>
+#include <sac/base/context.h>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+#include <torch/csrc/autograd/saved_variable.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+namespace sac::detail {
+
+struct FrameConfig {
+  bool early_stop = true;
+  bool determinism_check = true;
+  bool debug = false;
+  bool debug_backtraces = false;
+};
+
+struct Holder;
+
+class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
+ public:
+  CheckpointFrame(FrameConfig config, std::shared_ptr<Recomputation> recomputation,
+                  RegionContexts contexts, ForwardState forward_state);
+  // Releases the contexts (RegionContext::release), if the forward ran under
+  // them, and the recomputation.
+  ~CheckpointFrame();
+
+  // Hooks for the tensors the forward saves.
+  SavedTensorHooksFactory forward_hooks();
+
+  RegionContext* forward_context() const { return contexts_.forward.get(); }
+  // The forward context was entered: from now on the contexts hold state for
+  // this region, which the frame releases when it dies.
+  void mark_forward_entered() { forward_entered_ = true; }
+  OpLog& forward_log() { return forward_log_; }
+  const FrameConfig& config() const { return config_; }
+  void mark_forward_completed() { forward_completed_ = true; }
+  // The forward ended by an exception: its saved tensors cannot be
+  // recomputed, and what the recomputation kept is released now.
+  void abandon();
+
+  // ---- Called by the hooks ------------------------------------------------
+  std::shared_ptr<Holder> add_holder(const at::Tensor& packed);
+  at::Tensor unpack(Holder& holder);
+  void save_recomputed(int64_t graph_task, const at::Tensor& value);
+
+ private:
+  struct TensorMetadata {
+    std::vector<int64_t> sizes;
+    c10::ScalarType dtype;
+    c10::Device device;
+    bool operator==(const TensorMetadata& other) const {
+      return sizes == other.sizes && dtype == other.dtype && device == other.device;
+    }
+    std::string str() const;
+  };
+  struct PassState {
+    size_t saved = 0;         // tensors saved by this pass's recomputation
+    bool recomputed = false;  // recomputation ran (and was checked)
+  };
+
+  at::Tensor unpack_unchecked(Holder& holder);
+  // Releases the recomputation and the contexts, once.
+  void release();
+  void recompute(int64_t graph_task);
+  void check_recomputed_tensors_match(int64_t graph_task);
+  [[noreturn]] void rethrow_with_logs(const c10::Error& error) const;
+
+  FrameConfig config_;
+  std::shared_ptr<Recomputation> recomputation_;
+  RegionContexts contexts_;
+  ForwardState forward_state_;
+  std::vector<std::weak_ptr<Holder>> holders_;
+  std::vector<TensorMetadata> metadata_;  // one per holder, with the check on
+  std::unordered_map<int64_t, PassState> passes_;
+  bool forward_entered_ = false;
+  bool forward_completed_ = false;
+  bool abandoned_ = false;
+  bool released_ = false;
+  OpLog forward_log_;
+  OpLog recompute_log_;
+};
+
+}  // namespace sac::detail

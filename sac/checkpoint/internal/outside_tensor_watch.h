@@ -1,0 +1,79 @@
+// Tensors a checkpointed region reads but did not make.
+//
+// A recomputation runs the region's ops again on whatever its captured
+// tensors hold *then*: a buffer, a parameter or a global that was modified in
+// place after the forward read it (later in the region, or between forward
+// and backward) silently changes the recomputed values, and so the gradients.
+// Autograd cannot see this: such tensors are not saved (a buffer that does
+// not require grad never is), and the region's function captures them.
+//
+// The watch observes every op of the region (sac/dispatch/interceptor.h):
+// in forward it notes the version of each tensor an op reads that no op of
+// the region made; in recomputation it checks that each such tensor, when it
+// is read again, still has that version, and throws a CheckpointError
+// otherwise. Tensors an op only writes (a BatchNorm's running statistics)
+// are not reads; tensors made by the region are new in each pass, and never
+// checked.
+//
+// Under per-op kernels it sees the functional ops only (not views, in-place
+// or out= ops): a read by an in-place op (h.add_(buf)) is not checked there.
+#pragma once
+
+#include <sac/dispatch/interceptor.h>
+#include <sac/base/version_watch.h>
+
+#include <unordered_map>
+
+namespace sac::detail {
+
+class OutsideTensorWatch {
+ public:
+  // Makes sure every op an observer can see is intercepted (per-op kernels).
+  OutsideTensorWatch();
+  OutsideTensorWatch(const OutsideTensorWatch&) = delete;
+  OutsideTensorWatch& operator=(const OutsideTensorWatch&) = delete;
+
+  // Add this on the thread for the region's forward: it notes reads.
+  dispatch::OpObserver* forward_observer() { return &recorder_; }
+  // Add this on the thread for each recomputation: it checks reads. (A
+  // backward inside the region's forward can recompute while the forward
+  // still records: two observers, not one with a mode.)
+  dispatch::OpObserver* recompute_observer() { return &checker_; }
+
+ private:
+  struct Seen {
+    VersionWatch first_read;  // keeps the counter, so its identity stays unique
+    bool made_inside;
+  };
+  class Recorder final : public dispatch::OpObserver {
+   public:
+    explicit Recorder(OutsideTensorWatch& watch) : watch_(watch) {}
+    void before_op(const dispatch::ObservedOp& call,
+                   c10::ArrayRef<c10::IValue> args) override;
+    void after_op(const dispatch::ObservedOp& call,
+                  c10::ArrayRef<c10::IValue> outputs) override;
+
+   private:
+    OutsideTensorWatch& watch_;
+  };
+  class Checker final : public dispatch::OpObserver {
+   public:
+    explicit Checker(const OutsideTensorWatch& watch) : watch_(watch) {}
+    void before_op(const dispatch::ObservedOp& call,
+                   c10::ArrayRef<c10::IValue> args) override;
+    void after_op(const dispatch::ObservedOp&,
+                  c10::ArrayRef<c10::IValue>) override {}
+
+   private:
+    const OutsideTensorWatch& watch_;
+  };
+
+  // Notes `t` the first time its version counter is seen.
+  void note(const at::Tensor& t, bool made_inside);
+
+  std::unordered_map<const void*, Seen> seen_;  // by version counter identity
+  Recorder recorder_{*this};
+  Checker checker_{*this};
+};
+
+}  // namespace sac::detail

@@ -1,0 +1,183 @@
+#include <sac/checkpoint/region.h>
+
+#include <sac/base/error.h>
+#include <sac/checkpoint/internal/frame_setup.h>
+#include <sac/checkpoint/internal/profiler_scope.h>
+#include <sac/checkpoint/scope.h>
+#include <sac/dispatch/interceptor.h>
+#include <sac/record/internal/recorder.h>
+#include <sac/record/internal/replay.h>
+
+#include <c10/core/GradMode.h>
+
+#include <exception>
+#include <optional>
+
+namespace sac {
+namespace detail {
+
+// Recomputation by replaying what the region recorded.
+class RegionReplay final : public Recomputation {
+ public:
+  // The region began; `region_interceptor` is its interceptor (or null).
+  dispatch::OpObserver* start_recording(const dispatch::OpInterceptor* region_interceptor) {
+    recorder_.emplace(recording_, region_interceptor, [](const at::Tensor& t) {
+      // The recorder hands over a tensor without a graph (a tensor that a
+      // backward inside the region made would keep the region's graph, and
+      // so this frame, alive), on the tensor's version counter. Not through
+      // an enclosing region's hooks: that region's recomputation would not
+      // save what a backward inside this region made in its forward.
+      return save_kept(t);
+    });
+    return &*recorder_;
+  }
+
+  void finish_recording() { recorder_.reset(); }
+
+  void saved(const at::Tensor& packed) override {
+    TORCH_INTERNAL_ASSERT(recorder_.has_value(),
+                          "sac: a region saved a tensor after it ended");
+    recorder_->mark(packed);
+  }
+
+  std::unique_ptr<Pass> begin(CheckpointFrame& frame, int64_t graph_task) override {
+    // Checked here, not by whoever keeps the tensors: a copy target's hooks
+    // watch a copy, and a view read on outside memory is kept as part of
+    // its whole storage.
+    for (const record::OutsideRead& read : recording_.outside_reads) {
+      SAC_CHECKPOINT_CHECK(
+          recording_.outside[read.outside].snapshot.has_value() || !read.version.changed(),
+          "sac::CheckpointRegion: a tensor the region read but did not make "
+          "(shape ", c10::IntArrayRef(read.sizes), ": a parameter, a buffer, a "
+          "tensor made before the region) was modified in place after the "
+          "region read it (version ", read.version.version(), " when read, ",
+          read.version.current_version(), " now); the replay would read the "
+          "modified value. The region keeps such tensors as autograd keeps the "
+          "inputs it saves: do not modify them in place between the region and "
+          "backward (modify a clone, or run the backward first).");
+    }
+    std::vector<at::Tensor> outside(recording_.outside.size());
+    for (size_t i = 0; i < recording_.outside.size(); ++i) {
+      const record::Outside& kept = recording_.outside[i];
+      if (kept.snapshot.has_value()) {
+        continue;
+      }
+      try {
+        outside[i] = kept.saved.unpack();
+      } catch (const c10::Error& error) {
+        SAC_CHECKPOINT_CHECK(
+            false, "sac::CheckpointRegion: a tensor the region read but did "
+            "not make (shape ", c10::IntArrayRef(kept.sizes), ": a parameter, "
+            "a buffer, a tensor made before the region) cannot be given to "
+            "its replay: ", error.what_without_backtrace());
+      }
+    }
+    return std::make_unique<ReplayPass>(recording_, std::move(outside),
+                                        frame.weak_from_this(), graph_task);
+  }
+
+  void release() override {
+    recorder_.reset();
+    recording_.clear();
+  }
+
+ private:
+  class ReplayPass final : public Pass {
+   public:
+    ReplayPass(const record::Recording& recording, std::vector<at::Tensor> outside,
+               std::weak_ptr<CheckpointFrame> frame, int64_t graph_task)
+        : recording_(recording),
+          outside_(std::move(outside)),
+          frame_(std::move(frame)),
+          graph_task_(graph_task) {}
+
+    void run() override {
+      auto frame = frame_.lock();
+      TORCH_INTERNAL_ASSERT(frame, "sac: checkpoint frame freed during its replay");
+      record::replay(recording_, std::move(outside_),
+                     [&](size_t, const at::Tensor& value) {
+                       frame->save_recomputed(
+                           graph_task_, value.requires_grad() ? value.tensor_data() : value);
+                     });
+    }
+
+   private:
+    const record::Recording& recording_;
+    std::vector<at::Tensor> outside_;
+    std::weak_ptr<CheckpointFrame> frame_;
+    int64_t graph_task_;
+  };
+
+  record::Recording recording_;
+  std::optional<record::Recorder> recorder_;
+};
+
+}  // namespace detail
+
+// What is active while the region runs. Declared in entry order: destroying
+// it exits them in reverse.
+struct CheckpointRegion::Active {
+  int exceptions_at_start = std::uncaught_exceptions();
+  // "sac::CheckpointRegion" in the PyTorch profiler, around the region.
+  detail::ProfilerScope scope{"sac::CheckpointRegion"};
+  std::shared_ptr<detail::CheckpointFrame> frame;
+  std::shared_ptr<detail::RegionReplay> replay;
+  std::optional<detail::SavedTensorHooksGuard> hooks;
+  std::optional<ContextScope> context;
+  std::optional<dispatch::ObserverGuard> recorder;
+  std::optional<detail::OpLogScope> log;
+};
+
+CheckpointRegion::CheckpointRegion() : CheckpointRegion(detail::scoped_options()) {}
+
+CheckpointRegion::CheckpointRegion(const CheckpointOptions& options) {
+  if (!c10::GradMode::is_enabled()) {
+    return;
+  }
+  std::string why;
+  SAC_CHECKPOINT_CHECK(
+      dispatch::observers_see_every_op(&why),
+      "sac::CheckpointRegion records every op of the region below autograd, "
+      "views and in-place ops included, which only sac's fallback-key "
+      "dispatch mechanism sees; but ", why, ". Use sac::checkpoint(fn, "
+      "args...) for this code instead: it works with either mechanism.");
+  TORCH_CHECK(options.outside_tensor_check(),
+              "sac::CheckpointRegion: outside_tensor_check(false) is not "
+              "supported: a region keeps the tensors it reads from outside as "
+              "autograd keeps saved inputs, and always checks them. Drop the "
+              "option.");
+  detail::install_hooking_engine();
+  const detail::FrameConfig config = detail::frame_config(options);
+  auto active = std::make_unique<Active>();
+  active->replay = std::make_shared<detail::RegionReplay>();
+  active->frame = std::make_shared<detail::CheckpointFrame>(
+      config, active->replay, detail::contexts_for(options),
+      detail::ForwardState::capture_current(options.preserve_rng_state()));
+  active->hooks.emplace(active->frame->forward_hooks());
+  active->context.emplace(active->frame->forward_context());
+  active->frame->mark_forward_entered();
+  active->recorder.emplace(
+      active->replay->start_recording(dispatch::active_interceptor()));
+  if (config.debug) {
+    active->log.emplace(active->frame->forward_log(), config.debug_backtraces);
+  }
+  active_ = std::move(active);
+}
+
+CheckpointRegion::~CheckpointRegion() {
+  if (!active_) {
+    return;
+  }
+  const bool threw = std::uncaught_exceptions() > active_->exceptions_at_start;
+  auto frame = std::move(active_->frame);
+  auto replay = std::move(active_->replay);
+  active_.reset();  // exits the forward: log, recorder, context, hooks
+  replay->finish_recording();
+  if (threw) {
+    frame->abandon();
+  } else {
+    frame->mark_forward_completed();
+  }
+}
+
+}  // namespace sac

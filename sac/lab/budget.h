@@ -1,0 +1,90 @@
+// Budgeted policies: from profiles, keep the op calls that save the most
+// recomputation time within a memory budget, exactly.
+//
+//   auto p = sac::profile([&] { block->forward(x); });
+//   auto policy = sac::budgeted_policy(p, sac::Budget::fraction(0.3));
+//   auto y = sac::checkpoint(sac::CheckpointOptions().policy(policy), fn, x);
+//
+// The choice is a 0/1 knapsack over the profile's keepable calls (bytes kept
+// against time recomputed), solved exactly (sac/lab/knapsack.h). The policy
+// answers MustSave for the chosen calls by (op, call index) and
+// PreferRecompute otherwise, so it replays a region that runs the same ops
+// as the profiled one: the bytes it keeps after the forward are the chosen
+// calls' bytes, which never exceed the budget.
+//
+// Offload is a third choice where outputs live on an accelerator: a call
+// left off the device costs the less of its recomputation and its bytes'
+// trip to host memory and back (at a measured bandwidth), so keeping it
+// saves that much. The knapsack stays 0/1 and exact; the calls it leaves
+// out that are cheaper to move than to recompute are answered
+// MustCpuOffload (moved to host_memory(), sac/base/copy_target.h).
+#pragma once
+
+#include <sac/lab/knapsack.h>
+#include <sac/lab/profile.h>
+#include <sac/policy/policy.h>
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace sac {
+
+// A byte budget, absolute or as a fraction of what saving every cacheable
+// call keeps.
+class Budget {
+ public:
+  static Budget bytes(int64_t bytes);
+  // `fraction` in [0, 1] of the profiles' keepable bytes (what
+  // everything_saveable() keeps).
+  static Budget fraction(double fraction);
+
+  // The budget in bytes for regions that keep `everything` when every
+  // keepable call is saved.
+  int64_t resolve(int64_t everything) const;
+
+ private:
+  Budget(int64_t bytes, double fraction) : bytes_(bytes), fraction_(fraction) {}
+  int64_t bytes_;
+  double fraction_;  // used when bytes_ < 0
+};
+
+// Offload as a choice, for calls whose outputs are on an accelerator: moving
+// `bytes` out and back takes bytes / bytes_per_second.
+struct OffloadCost {
+  double bytes_per_second = 0;
+};
+
+// The bandwidth of a round trip of `bytes` between `device` (an accelerator)
+// and pinned host memory: the best of a few synchronous copies out and back.
+double measure_offload_bandwidth(c10::Device device, int64_t bytes = int64_t{64} << 20);
+
+struct BudgetedPlan {
+  // One policy per profile, in order.
+  std::vector<Policy> policies;
+  int64_t budget_bytes = 0;
+  // Predicted: bytes kept after the forward, and the time of the calls the
+  // recomputation runs (all profiled calls but the kept and offloaded ones).
+  int64_t kept_bytes = 0;
+  double recompute_seconds = 0;
+  // Predicted, with offload as a choice: the bytes moved to host memory and
+  // the time of their trips.
+  int64_t offloaded_bytes = 0;
+  double offload_seconds = 0;
+  lab::Choice choice;       // over all profiles' keepable calls
+  double solver_seconds = 0;
+};
+
+// One budget shared by several regions (a model's blocks): the calls are
+// chosen across all of them at once. With `offload`, calls on an
+// accelerator may be offloaded (see above).
+BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget budget,
+                           std::optional<OffloadCost> offload = std::nullopt);
+
+// The policy of one region.
+Policy budgeted_policy(const RegionProfile& profile, Budget budget,
+                       std::optional<OffloadCost> offload = std::nullopt);
+
+}  // namespace sac

@@ -1,0 +1,215 @@
+#include <sac/lab/profile.h>
+
+#include <sac/cache/new_storages.h>
+#include <sac/dispatch/internal/boxed.h>
+#include <sac/dispatch/interceptor.h>
+#include <sac/policy/internal/op_traits.h>
+#include <sac/base/version_watch.h>
+
+#include <c10/core/StorageImpl.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iomanip>
+#include <ostream>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+namespace sac {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+c10::Device first_device(c10::ArrayRef<c10::IValue> outputs) {
+  std::optional<c10::Device> device;
+  for (const auto& output : outputs) {
+    dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
+      if (!device.has_value() && t.defined()) {
+        device = t.device();
+      }
+    });
+  }
+  return device.value_or(c10::kCPU);
+}
+
+class Profiler final : public dispatch::OpObserver {
+ public:
+  void before_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> args) override {
+    for (const auto& arg : args) {
+      dispatch::for_each_tensor(arg, [&](const at::Tensor& t) { storages_.meet(t); });
+    }
+    started_ = Clock::now();
+  }
+
+  void after_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> outputs) override {
+    const double seconds = std::chrono::duration<double>(Clock::now() - started_).count();
+    OpCallProfile record{call.op};
+    record.call = calls_of_[call.op]++;
+    record.seconds = seconds;
+    for (const auto& output : outputs) {
+      dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
+        record.output_bytes += storages_.meet(t);
+      });
+    }
+    record.device = first_device(outputs);
+    record.view = policy::is_view(call.op);
+    record.in_place = call.op.schema().is_mutable();
+    record.random = policy::is_random(call.op);
+    record.collective = policy::is_collective(call.op);
+    record.cacheable = policy::is_cacheable(call.op);
+    for (const auto& output : outputs) {
+      dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
+        if (t.has_storage()) {
+          auto& watch = watches_[t.storage().unsafeGetStorageImpl()];
+          watch.writers.emplace_back(t);
+          if (record.cacheable) {
+            watch.calls.push_back(records.size());
+          }
+        }
+      });
+    }
+    records.push_back(std::move(record));
+  }
+
+  // Marks the calls whose outputs' storage was written after they returned,
+  // through any tensor an op returned on it.
+  void finish() {
+    for (const auto& [storage, watch] : watches_) {
+      for (const auto& writer : watch.writers) {
+        if (writer.changed()) {
+          for (const size_t call : watch.calls) {
+            records[call].modified_later = true;
+          }
+          break;
+        }
+      }
+    }
+    watches_.clear();
+  }
+
+  std::vector<OpCallProfile> records;
+
+ private:
+  // Per storage an op returned a tensor on: the version counters of those
+  // tensors since then, and the cacheable calls that returned it.
+  struct StorageWatch {
+    std::vector<VersionWatch> writers;
+    std::vector<size_t> calls;
+  };
+  std::unordered_map<const c10::StorageImpl*, StorageWatch> watches_;
+  std::unordered_map<c10::OperatorHandle, size_t> calls_of_;
+  NewStorages storages_;
+  Clock::time_point started_;
+};
+
+std::string flags(const OpCallProfile& c) {
+  std::string out;
+  auto add = [&](bool on, const char* name) {
+    if (on) {
+      out += (out.empty() ? "" : ",") + std::string(name);
+    }
+  };
+  add(c.cacheable, "cacheable");
+  add(c.modified_later, "modified-later");
+  add(c.view, "view");
+  add(c.in_place, "in-place");
+  add(c.random, "random");
+  add(c.collective, "collective");
+  return out;
+}
+
+}  // namespace
+
+int64_t RegionProfile::keepable_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& c : calls_) {
+    bytes += c.keepable() ? c.output_bytes : 0;
+  }
+  return bytes;
+}
+
+double RegionProfile::keepable_seconds() const {
+  double seconds = 0;
+  for (const auto& c : calls_) {
+    seconds += c.keepable() ? c.seconds : 0;
+  }
+  return seconds;
+}
+
+void RegionProfile::print(std::ostream& out, SortBy sort, size_t limit) const {
+  std::vector<const OpCallProfile*> rows;
+  for (const auto& c : calls_) {
+    rows.push_back(&c);
+  }
+  if (sort == SortBy::Bytes) {
+    std::stable_sort(rows.begin(), rows.end(), [](auto* a, auto* b) {
+      return a->output_bytes > b->output_bytes;
+    });
+  } else if (sort == SortBy::Time) {
+    std::stable_sort(rows.begin(), rows.end(), [](auto* a, auto* b) { return a->seconds > b->seconds; });
+  }
+  if (limit != 0 && rows.size() > limit) {
+    rows.resize(limit);
+  }
+  out << std::left << std::setw(48) << "op" << std::right << std::setw(6) << "call"
+      << std::setw(14) << "bytes" << std::setw(12) << "us" << "  kind\n";
+  for (const auto* c : rows) {
+    out << std::left << std::setw(48) << c10::toString(c->op.operator_name()) << std::right
+        << std::setw(6) << c->call << std::setw(14) << c->output_bytes << std::setw(12)
+        << std::fixed << std::setprecision(1) << c->seconds * 1e6 << "  " << flags(*c) << "\n";
+  }
+  out << "keepable: " << keepable_bytes() << " bytes, " << std::setprecision(1)
+      << keepable_seconds() * 1e6 << " us\n";
+}
+
+void RegionProfile::write_csv(std::ostream& out) const {
+  out << "op,call,output_bytes,seconds,cacheable,modified_later,view,in_place,random,collective,"
+         "device\n";
+  for (const auto& c : calls_) {
+    out << c10::toString(c.op.operator_name()) << "," << c.call << "," << c.output_bytes << ","
+        << std::scientific << std::setprecision(6) << c.seconds << "," << c.cacheable << ","
+        << c.modified_later << ","
+        << c.view << "," << c.in_place << "," << c.random << "," << c.collective << ","
+        << c.device << "\n";
+  }
+}
+
+namespace {
+
+std::vector<OpCallProfile> profile_once(const std::function<void()>& region) {
+  Profiler profiler;
+  {
+    dispatch::ObserverGuard observing(&profiler);
+    region();
+  }
+  profiler.finish();
+  return std::move(profiler.records);
+}
+
+}  // namespace
+
+RegionProfile profile(const std::function<void()>& region, int runs) {
+  TORCH_CHECK(runs >= 1, "sac::profile: runs must be at least 1; got ", runs, ".");
+  // Under per-op kernels, the cacheable ops must be intercepted to be seen.
+  dispatch::intercept_ops_matching(&policy::is_cacheable);
+  std::vector<OpCallProfile> calls = profile_once(region);
+  for (int run = 1; run < runs; ++run) {
+    const std::vector<OpCallProfile> again = profile_once(region);
+    TORCH_CHECK(again.size() == calls.size(),
+                "sac::profile: the region ran ", calls.size(), " op calls in its first run and ",
+                again.size(), " in run ", run + 1, ". Profile a region that runs the same ops "
+                "each time (no data-dependent control flow), or profile it with runs = 1.");
+    for (size_t i = 0; i < calls.size(); ++i) {
+      TORCH_CHECK(again[i].op == calls[i].op, "sac::profile: op call ", i, " was ",
+                  c10::toString(calls[i].op.operator_name()), " in the first run and ",
+                  c10::toString(again[i].op.operator_name()), " in run ", run + 1,
+                  ". Profile a region that runs the same ops each time, or with runs = 1.");
+      calls[i].seconds = std::min(calls[i].seconds, again[i].seconds);
+    }
+  }
+  return RegionProfile(std::move(calls));
+}
+
+}  // namespace sac

@@ -1,0 +1,258 @@
+#include <sac/record/internal/replay.h>
+
+#include <sac/base/error.h>
+#include <sac/dispatch/internal/boxed.h>
+#include <sac/dispatch/interceptor.h>
+
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <c10/util/Exception.h>
+
+#include <mutex>
+
+namespace sac::record {
+namespace {
+
+constexpr size_t kNever = static_cast<size_t>(-1);
+
+// Calls `f(value)` for each value step `step` reads.
+template <class F>
+void for_each_read(const Recording& recording, const Step& step, F&& f) {
+  switch (step.kind) {
+    case Step::Kind::Call: {
+      const Call& call = recording.calls[step.index];
+      if (!call.replayed) {
+        return;
+      }
+      for (const Argument& argument : call.arguments) {
+        for (const auto& value : argument.tensors) {
+          if (value.has_value()) {
+            f(*value);
+          }
+        }
+      }
+      return;
+    }
+    case Step::Kind::Alias:
+      f(recording.aliases[step.index].base);
+      return;
+    case Step::Kind::Fill:
+      f(recording.fills[step.index].value);
+      return;
+    case Step::Kind::Mark:
+      f(static_cast<ValueId>(step.index));
+      return;
+    case Step::Kind::Outside:
+      return;
+  }
+}
+
+// For each step of the first `end`, the values to drop once it ran: those
+// it read last, and those it made that nothing reads.
+class Lifetimes {
+ public:
+  Lifetimes(const Recording& recording, size_t end) : first_(end + 1, 0) {
+    std::vector<size_t> last(recording.values, kNever);
+    for (size_t i = 0; i < end; ++i) {
+      for_each_read(recording, recording.steps[i], [&](ValueId v) { last[v] = i; });
+    }
+    // A value nothing reads dies where it is made. Values are numbered in
+    // the order they are made, so walking the steps finds each maker.
+    for (size_t i = 0; i < end; ++i) {
+      for_each_made(recording, recording.steps[i], [&](ValueId v) {
+        if (last[v] == kNever) {
+          last[v] = i;
+        }
+      });
+    }
+    for (ValueId v = 0; v < last.size(); ++v) {
+      if (last[v] != kNever) {
+        ++first_[last[v] + 1];
+      }
+    }
+    for (size_t i = 1; i <= end; ++i) {
+      first_[i] += first_[i - 1];
+    }
+    dying_.resize(first_[end]);
+    std::vector<size_t> next(first_.begin(), first_.end() - 1);
+    for (ValueId v = 0; v < last.size(); ++v) {
+      if (last[v] != kNever) {
+        dying_[next[last[v]]++] = v;
+      }
+    }
+  }
+
+  c10::ArrayRef<ValueId> after(size_t step) const {
+    return c10::ArrayRef<ValueId>(dying_).slice(first_[step],
+                                                first_[step + 1] - first_[step]);
+  }
+
+  template <class F>
+  static void for_each_made(const Recording& recording, const Step& step, F&& f) {
+    switch (step.kind) {
+      case Step::Kind::Call: {
+        const Call& call = recording.calls[step.index];
+        for (uint32_t k = 0; k < call.outputs; ++k) {
+          f(call.first_output + k);
+        }
+        return;
+      }
+      case Step::Kind::Outside:
+        f(recording.outside[step.index].value);
+        return;
+      case Step::Kind::Alias:
+        f(recording.aliases[step.index].value);
+        return;
+      case Step::Kind::Fill:
+      case Step::Kind::Mark:
+        return;
+    }
+  }
+
+ private:
+  std::vector<size_t> first_;    // per step: start of its slice of dying_
+  std::vector<ValueId> dying_;
+};
+
+class Replay {
+ public:
+  Replay(const Recording& recording, std::vector<at::Tensor> outside,
+         const MarkSink& on_mark)
+      : recording_(recording),
+        outside_(std::move(outside)),
+        on_mark_(on_mark),
+        values_(recording.values),
+        copies_(recording.snapshots.size()) {}
+
+  void run() {
+    const size_t end = recording_.steps.size();
+    const Lifetimes lifetimes(recording_, end);
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    for (size_t i = 0; i < end; ++i) {
+      run_step(recording_.steps[i]);
+      for (const ValueId v : lifetimes.after(i)) {
+        values_[v].reset();
+      }
+    }
+  }
+
+ private:
+  void run_step(const Step& step) {
+    switch (step.kind) {
+      case Step::Kind::Call:
+        run_call(recording_.calls[step.index]);
+        return;
+      case Step::Kind::Outside:
+        load_outside(step.index);
+        return;
+      case Step::Kind::Fill: {
+        const Fill& fill = recording_.fills[step.index];
+        dispatch::IsolationGuard unseen;
+        bytes_of(value(fill.value).storage()).copy_(recording_.snapshots[fill.snapshot]);
+        return;
+      }
+      case Step::Kind::Alias: {
+        const Alias& alias = recording_.aliases[step.index];
+        dispatch::IsolationGuard unseen;
+        values_[alias.value] = value(alias.base).as_strided(
+            alias.sizes, alias.strides, alias.storage_offset);
+        return;
+      }
+      case Step::Kind::Mark:
+        on_mark_(mark_++, value(step.index));
+        return;
+    }
+  }
+
+  void run_call(const Call& call) {
+    if (!call.replayed) {
+      return;
+    }
+    stack_.clear();
+    for (const Argument& argument : call.arguments) {
+      stack_.push_back(argument_value(argument));
+    }
+    dispatch::call_op(call.op, call.below, call.intercepted, &stack_);
+    ValueId next = call.first_output;
+    const ValueId end = call.first_output + call.outputs;
+    for (const auto& output : stack_) {
+      dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
+        SAC_CHECKPOINT_CHECK(next < end, "sac::CheckpointRegion: replaying ",
+                    call.op.operator_name(), " returned more tensors (",
+                    next - call.first_output + 1, "+) than in the forward (",
+                    call.outputs, ").");
+        values_[next++] = t;
+      });
+    }
+    SAC_CHECKPOINT_CHECK(next == end, "sac::CheckpointRegion: replaying ",
+                call.op.operator_name(), " returned ", next - call.first_output,
+                " tensors, ", call.outputs, " in the forward.");
+    stack_.clear();
+  }
+
+  c10::IValue argument_value(const Argument& argument) {
+    switch (argument.kind) {
+      case Argument::Kind::Constant:
+        return argument.constant;
+      case Argument::Kind::Tensor:
+        return value(*argument.tensors[0]);
+      case Argument::Kind::List: {
+        c10::List<c10::IValue> list = argument.constant.toList().copy();
+        for (size_t i = 0; i < argument.tensors.size(); ++i) {
+          if (argument.tensors[i].has_value()) {
+            list.set(i, value(*argument.tensors[i]));
+          }
+        }
+        return c10::IValue(std::move(list));
+      }
+      case Argument::Kind::Generator: {
+        // Draws from a copy of the forward's state: the live generator and
+        // the recorded state stay as they are.
+        at::Generator recorded = argument.constant.toGenerator();
+        std::lock_guard<std::mutex> lock(recorded.mutex());
+        return c10::IValue(recorded.clone());
+      }
+    }
+    TORCH_INTERNAL_ASSERT(false);
+  }
+
+  void load_outside(size_t index) {
+    const Outside& outside = recording_.outside[index];
+    if (!outside.snapshot.has_value()) {
+      values_[outside.value] = std::move(outside_[index]);
+      TORCH_INTERNAL_ASSERT(values_[outside.value].defined(),
+                            "sac: an outside tensor of a recording was not given to replay");
+      return;
+    }
+    dispatch::IsolationGuard unseen;
+    at::Tensor& copy = copies_[*outside.snapshot];
+    if (!copy.defined()) {
+      copy = recording_.snapshots[*outside.snapshot].clone();
+    }
+    values_[outside.value] = at::empty({0}, outside.options)
+                                 .set_(copy.storage(), outside.storage_offset,
+                                       outside.sizes, outside.strides);
+  }
+
+  const at::Tensor& value(ValueId v) const {
+    TORCH_INTERNAL_ASSERT(values_[v].defined(), "sac: replay reads value ", v,
+                          " after its last use");
+    return values_[v];
+  }
+
+  const Recording& recording_;
+  std::vector<at::Tensor> outside_;
+  const MarkSink& on_mark_;
+  std::vector<at::Tensor> values_;
+  std::vector<at::Tensor> copies_;  // per snapshot: this replay's copy
+  torch::jit::Stack stack_;
+  size_t mark_ = 0;
+};
+
+}  // namespace
+
+void replay(const Recording& recording, std::vector<at::Tensor> outside,
+            const MarkSink& on_mark) {
+  Replay(recording, std::move(outside), on_mark).run();
+}
+
+}  // namespace sac::record

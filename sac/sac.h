@@ -1,0 +1,53 @@
+// sac: selective activation checkpointing for LibTorch.
+//
+//   auto policy = sac::Policy::save_ops({"aten::mm", "aten::addmm"});
+//   auto y = sac::checkpoint(sac::CheckpointOptions().policy(policy),
+//                            [&](const at::Tensor& x) { return mlp->forward(x); },
+//                            x);
+//
+// The pieces, bottom up:
+//   sac/dispatch/interceptor.h     interception of aten ops below autograd
+//   sac/policy/policy.h            which op calls to save, recompute, offload
+//   sac/policy/presets.h           ready-made policies (JAX, torchtitan, ...)
+//   sac/policy/combinators.h       any_of, all_of, except, every_nth, ...
+//   sac/policy/tag.h, names.h      named values: sac::tag and name policies
+//   sac/cache/selective_modes.h    the caching and cached modes, their cache
+//   sac/cache/statistics.h         what regions did with their ops, counted
+//   sac/checkpoint/checkpoint.h    non-reentrant checkpoint and its options
+//   sac/checkpoint/region.h        the same for any code, by an RAII guard
+//   sac/checkpoint/scope.h         the options of a block of code
+//   sac/checkpoint/graph_exec_group.h  backward calls that recompute once
+//   sac/offload/offload.h          saved tensors kept in host memory
+//   sac/lab/...                    policy experiments: profile.h, explain.h,
+//                                  budget.h (budgeted policies), knapsack.h
+//   sac/nn/...                     torch::nn models: checkpoint_wrapper.h,
+//                                  apply_activation_checkpointing.h,
+//                                  checkpoint_sequential.h, offload_wrapper.h
+//                                  (not included here: they bring in
+//                                  torch::nn's headers)
+#pragma once
+
+#include <sac/cache/op_cache.h>
+#include <sac/cache/selective_modes.h>
+#include <sac/cache/statistics.h>
+#include <sac/checkpoint/checkpoint.h>
+#include <sac/base/context.h>
+#include <sac/base/error.h>
+#include <sac/checkpoint/graph_exec_group.h>
+#include <sac/checkpoint/guards.h>
+#include <sac/checkpoint/options.h>
+#include <sac/checkpoint/region.h>
+#include <sac/checkpoint/scope.h>
+#include <sac/dispatch/interceptor.h>
+#include <sac/lab/budget.h>
+#include <sac/lab/explain.h>
+#include <sac/lab/knapsack.h>
+#include <sac/lab/profile.h>
+#include <sac/offload/offload.h>
+#include <sac/policy/checkpoint_policy.h>
+#include <sac/policy/combinators.h>
+#include <sac/policy/names.h>
+#include <sac/policy/policy.h>
+#include <sac/policy/presets.h>
+#include <sac/policy/tag.h>
+#include <sac/base/copy_target.h>
