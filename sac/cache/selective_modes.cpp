@@ -1,5 +1,7 @@
 #include <sac/cache/selective_modes.h>
 
+#include <sac/base/generators.h>
+
 #include <sac/dispatch/internal/boxed.h>
 #include <sac/policy/internal/op_traits.h>
 #include <sac/base/stash.h>
@@ -41,8 +43,7 @@ std::optional<GeneratorSnapshot> snapshot_after(
   if (!generator.has_value()) {
     return std::nullopt;
   }
-  std::lock_guard<std::mutex> lock(generator->mutex());
-  return GeneratorSnapshot{*generator, generator->clone()};
+  return GeneratorSnapshot{*generator, detail::locked_clone(*generator)};
 }
 
 // Warns with `message` the first time this process meets `key`: a region's
@@ -78,9 +79,7 @@ void wait_for_collective(c10::ArrayRef<c10::IValue> outputs) {
 }
 
 void restore(GeneratorSnapshot snapshot) {
-  const at::Tensor state = snapshot.state_after.get_state();
-  std::lock_guard<std::mutex> lock(snapshot.live.mutex());
-  snapshot.live.set_state(state);
+  detail::locked_set_state(snapshot.live, snapshot.state_after.get_state());
 }
 
 }  // namespace

@@ -1,31 +1,15 @@
 #include <sac/checkpoint/internal/device_state.h>
 
+#include <sac/base/generators.h>
+
 #include <ATen/Context.h>
 #include <ATen/DeviceAccelerator.h>
 #include <ATen/autocast_mode.h>
 
 #include <algorithm>
-#include <mutex>
 
 namespace sac::detail {
 namespace {
-
-at::Generator snapshot(at::Generator generator) {
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  return generator.clone();
-}
-
-// A generator's state as a tensor (allocates).
-at::Tensor state_of(at::Generator generator) {
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  return generator.get_state();
-}
-
-// Sets a state taken by state_of (allocates nothing, so a destructor may).
-void set_state(at::Generator live, const at::Tensor& state) {
-  std::lock_guard<std::mutex> lock(live.mutex());
-  live.set_state(state);
-}
 
 // The device type autocast is captured for besides the CPU, as PyTorch's
 // checkpoint infers it (_infer_device_type): CUDA if any input is on it,
@@ -105,7 +89,7 @@ ForwardState ForwardState::capture_devices(c10::DeviceType autocast_device,
 
 void ForwardState::add_generators(const std::vector<at::Generator>& generators) {
   for (const auto& live : generators) {
-    generators_.emplace_back(live, snapshot(live));
+    generators_.emplace_back(live, locked_clone(live));
   }
 }
 
@@ -115,11 +99,11 @@ ForwardState::Restore::Restore(const ForwardState& state)
   // generator as it was, and the destructor allocates nothing.
   std::vector<at::Tensor> forward_states;
   for (const auto& [live, saved] : state.generators_) {
-    previous_generators_.emplace_back(live, state_of(live));
-    forward_states.push_back(state_of(saved));
+    previous_generators_.emplace_back(live, locked_state(live));
+    forward_states.push_back(locked_state(saved));
   }
   for (size_t i = 0; i < forward_states.size(); ++i) {
-    set_state(previous_generators_[i].first, forward_states[i]);
+    locked_set_state(previous_generators_[i].first, forward_states[i]);
   }
   for (const auto& forward : state.autocast_) {
     autocast_.push_back({forward.device_type,
@@ -143,7 +127,7 @@ ForwardState::Restore::~Restore() {
     at::autocast::set_autocast_dtype(it->device_type, it->dtype);
   }
   for (const auto& [live, previous] : previous_generators_) {
-    set_state(live, previous);
+    locked_set_state(live, previous);
   }
 }
 

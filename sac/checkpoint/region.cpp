@@ -2,7 +2,7 @@
 
 #include <sac/base/error.h>
 #include <sac/checkpoint/internal/frame_setup.h>
-#include <sac/checkpoint/internal/profiler_scope.h>
+#include <sac/checkpoint/internal/forward_scope.h>
 #include <sac/checkpoint/scope.h>
 #include <sac/dispatch/interceptor.h>
 #include <sac/record/internal/recorder.h>
@@ -114,18 +114,10 @@ class RegionReplay final : public Recomputation {
 
 }  // namespace detail
 
-// What is active while the region runs. Declared in entry order: destroying
-// it exits them in reverse.
 struct CheckpointRegion::Active {
   int exceptions_at_start = std::uncaught_exceptions();
-  // "sac::CheckpointRegion" in the PyTorch profiler, around the region.
-  detail::ProfilerScope scope{"sac::CheckpointRegion"};
-  std::shared_ptr<detail::CheckpointFrame> frame;
   std::shared_ptr<detail::RegionReplay> replay;
-  std::optional<detail::SavedTensorHooksGuard> hooks;
-  std::optional<ContextScope> context;
-  std::optional<dispatch::ObserverGuard> recorder;
-  std::optional<detail::OpLogScope> log;
+  std::optional<detail::ForwardScope> forward;
 };
 
 CheckpointRegion::CheckpointRegion() : CheckpointRegion(detail::scoped_options()) {}
@@ -150,17 +142,13 @@ CheckpointRegion::CheckpointRegion(const CheckpointOptions& options) {
   const detail::FrameConfig config = detail::frame_config(options);
   auto active = std::make_unique<Active>();
   active->replay = std::make_shared<detail::RegionReplay>();
-  active->frame = std::make_shared<detail::CheckpointFrame>(
+  auto frame = std::make_shared<detail::CheckpointFrame>(
       config, active->replay, detail::contexts_for(options),
       detail::ForwardState::capture_current(options.preserve_rng_state()));
-  active->hooks.emplace(active->frame->forward_hooks());
-  active->context.emplace(active->frame->forward_context());
-  active->frame->mark_forward_entered();
-  active->recorder.emplace(
-      active->replay->start_recording(dispatch::active_interceptor()));
-  if (config.debug) {
-    active->log.emplace(active->frame->forward_log(), config.debug_backtraces);
-  }
+  active->forward.emplace("sac::CheckpointRegion", std::move(frame), config,
+                          [replay = active->replay] {
+                            return replay->start_recording(dispatch::active_interceptor());
+                          });
   active_ = std::move(active);
 }
 
@@ -169,9 +157,9 @@ CheckpointRegion::~CheckpointRegion() {
     return;
   }
   const bool threw = std::uncaught_exceptions() > active_->exceptions_at_start;
-  auto frame = std::move(active_->frame);
+  auto frame = active_->forward->frame();
   auto replay = std::move(active_->replay);
-  active_.reset();  // exits the forward: log, recorder, context, hooks
+  active_.reset();  // exits the forward
   replay->finish_recording();
   if (threw) {
     frame->abandon();

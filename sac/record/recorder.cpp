@@ -1,5 +1,6 @@
 #include <sac/record/internal/recorder.h>
 
+#include <sac/base/generators.h>
 #include <sac/dispatch/internal/boxed.h>
 #include <sac/policy/internal/op_traits.h>
 
@@ -7,7 +8,6 @@
 #include <c10/util/Exception.h>
 
 #include <cstring>
-#include <mutex>
 #include <unordered_set>
 
 namespace sac::record {
@@ -217,10 +217,8 @@ Argument Recorder::record_argument(const c10::OperatorHandle& op, size_t index,
   }
   if (arg.isGenerator()) {
     // Its state now, before the call draws: replay draws from a copy.
-    at::Generator generator = arg.toGenerator();
-    std::lock_guard<std::mutex> lock(generator.mutex());
     recorded.kind = Argument::Kind::Generator;
-    recorded.constant = c10::IValue(generator.clone());
+    recorded.constant = c10::IValue(detail::locked_clone(arg.toGenerator()));
     return recorded;
   }
   TORCH_CHECK(!arg.isStorage(), "sac::CheckpointRegion: cannot record ",

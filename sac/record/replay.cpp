@@ -1,13 +1,13 @@
 #include <sac/record/internal/replay.h>
 
 #include <sac/base/error.h>
+#include <sac/base/generators.h>
 #include <sac/dispatch/internal/boxed.h>
 #include <sac/dispatch/interceptor.h>
 
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/Exception.h>
 
-#include <mutex>
 
 namespace sac::record {
 namespace {
@@ -207,9 +207,7 @@ class Replay {
       case Argument::Kind::Generator: {
         // Draws from a copy of the forward's state: the live generator and
         // the recorded state stay as they are.
-        at::Generator recorded = argument.constant.toGenerator();
-        std::lock_guard<std::mutex> lock(recorded.mutex());
-        return c10::IValue(recorded.clone());
+        return c10::IValue(detail::locked_clone(argument.constant.toGenerator()));
       }
     }
     TORCH_INTERNAL_ASSERT(false);

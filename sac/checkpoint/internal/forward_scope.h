@@ -1,0 +1,53 @@
+// What is active while a region's forward runs, for sac::checkpoint and the
+// region guard alike: entered in the order below, exited in reverse when the
+// scope is destroyed.
+#pragma once
+
+#include <sac/base/context.h>
+#include <sac/base/internal/saved_tensor_hooks.h>
+#include <sac/checkpoint/internal/debug_log.h>
+#include <sac/checkpoint/internal/frame.h>
+#include <sac/checkpoint/internal/frame_setup.h>
+#include <sac/checkpoint/internal/profiler_scope.h>
+#include <sac/dispatch/interceptor.h>
+
+#include <functional>
+#include <memory>
+#include <optional>
+
+namespace sac::detail {
+
+class ForwardScope {
+ public:
+  // The profiler scope `name` (a literal), the frame's saved-tensor hooks,
+  // its forward context (a selective region's caching mode), the observer
+  // that `observer` makes if any (made once the context is entered: it may
+  // ask for the active interceptor), and the op log in debug mode.
+  ForwardScope(const char* name, std::shared_ptr<CheckpointFrame> frame,
+               const FrameConfig& config, const std::function<dispatch::OpObserver*()>& observer)
+      : profiler_(name), frame_(std::move(frame)) {
+    hooks_.emplace(frame_->forward_hooks());
+    context_.emplace(frame_->forward_context());
+    frame_->mark_forward_entered();
+    if (dispatch::OpObserver* made = observer ? observer() : nullptr) {
+      observer_.emplace(made);
+    }
+    if (config.debug) {
+      log_.emplace(frame_->forward_log(), config.debug_backtraces);
+    }
+  }
+  ForwardScope(const ForwardScope&) = delete;
+  ForwardScope& operator=(const ForwardScope&) = delete;
+
+  const std::shared_ptr<CheckpointFrame>& frame() const { return frame_; }
+
+ private:
+  ProfilerScope profiler_;
+  std::shared_ptr<CheckpointFrame> frame_;
+  std::optional<SavedTensorHooksGuard> hooks_;
+  std::optional<ContextScope> context_;
+  std::optional<dispatch::ObserverGuard> observer_;
+  std::optional<OpLogScope> log_;
+};
+
+}  // namespace sac::detail
