@@ -97,10 +97,7 @@ void OpCache::note_producer(const c10::OperatorHandle& op, size_t index,
     }
     c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
     producers_.insert_or_assign(
-        storage, ProducerInfo{op, index,
-                              c10::weak_intrusive_ptr<c10::StorageImpl>(
-                                  c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage)),
-                              {}});
+        storage, ProducerInfo{op, index, t.storage().getWeakStorageImpl(), {}});
   }
 }
 
@@ -154,7 +151,7 @@ void OpCache::hold(Slot& slot, const at::Tensor& t) {
   slot.storage = storage;
   StorageInfo& info = storages_[storage];
   if (info.slots++ == 0) {
-    info.pin.emplace(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage));
+    info.pin.emplace(t.storage().getWeakStorageImpl());
   }
   if (info.held++ == 0) {
     info.nbytes = t.storage().nbytes();
