@@ -1,6 +1,6 @@
 #include <sac/checkpoint/internal/device_state.h>
 
-#include <sac/base/generators.h>
+#include <sac/base/internal/generators.h>
 
 #include <ATen/Context.h>
 #include <ATen/DeviceAccelerator.h>

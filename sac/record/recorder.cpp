@@ -1,6 +1,6 @@
 #include <sac/record/internal/recorder.h>
 
-#include <sac/base/generators.h>
+#include <sac/base/internal/generators.h>
 #include <sac/dispatch/internal/boxed.h>
 #include <sac/policy/internal/op_traits.h>
 

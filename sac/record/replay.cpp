@@ -1,7 +1,7 @@
 #include <sac/record/internal/replay.h>
 
 #include <sac/base/error.h>
-#include <sac/base/generators.h>
+#include <sac/base/internal/generators.h>
 #include <sac/dispatch/internal/boxed.h>
 #include <sac/dispatch/interceptor.h>
 
