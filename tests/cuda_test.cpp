@@ -31,15 +31,21 @@ bool deterministic_cuda() {
   }                                                                          \
   sac_test::expect_configured_mechanism()
 
+// A GPT block with dropout on `device`, from seed 0.
+sac_test::GptBlock gpt_block_on(const torch::Device& device) {
+  torch::manual_seed(0);
+  sac_test::GptBlock block(64, 4, /*dropout=*/0.1);
+  block->to(device);
+  return block;
+}
+
 at::TensorOptions on_cuda(int index = 0) {
   return torch::TensorOptions().device(torch::Device(torch::kCUDA, index));
 }
 
 TEST(Cuda, DropoutGradientsBitIdenticalUnderSelectiveCheckpoint) {
   SKIP_WITHOUT_CUDA();
-  torch::manual_seed(0);
-  sac_test::GptBlock block(64, 4, /*dropout=*/0.1);
-  block->to(torch::kCUDA);
+  auto block = gpt_block_on(torch::kCUDA);
   auto x = torch::randn({2, 32, 64}, torch::TensorOptions().device(torch::kCUDA).requires_grad(true));
   const auto params = block->parameters();
   auto run = [&](const at::Tensor& in) { return block->forward(in); };
@@ -62,9 +68,7 @@ TEST(Cuda, DropoutGradientsBitIdenticalUnderRegionGuard) {
   if (!sac::dispatch::observers_see_every_op()) {
     GTEST_SKIP() << "sac::CheckpointRegion needs the fallback key";
   }
-  torch::manual_seed(0);
-  sac_test::GptBlock block(64, 4, /*dropout=*/0.1);
-  block->to(torch::kCUDA);
+  auto block = gpt_block_on(torch::kCUDA);
   auto x = torch::randn({2, 32, 64}, torch::TensorOptions().device(torch::kCUDA).requires_grad(true));
   const auto params = block->parameters();
   const auto expected = sac_test::run_and_grad([&] { return block->forward(x); }, {x}, params);
@@ -86,9 +90,7 @@ TEST(Cuda, DropoutGradientsBitIdenticalUnderRegionGuard) {
 // around a checkpoint.
 TEST(Cuda, OffloadGuardToPinnedHostMemoryIsBitIdentical) {
   SKIP_WITHOUT_CUDA();
-  torch::manual_seed(0);
-  sac_test::GptBlock block(64, 4, /*dropout=*/0.1);
-  block->to(torch::kCUDA);
+  auto block = gpt_block_on(torch::kCUDA);
   auto x = torch::randn({2, 32, 64}, on_cuda().requires_grad(true));
   auto bias = torch::randn({64}, on_cuda().requires_grad(true));
   const auto params = block->parameters();
@@ -119,9 +121,7 @@ TEST(Cuda, OffloadGuardToPinnedHostMemoryIsBitIdentical) {
 // are prefetched when the recomputation starts (item 4).
 TEST(Cuda, OffloadAnswersPrefetchedAreBitIdentical) {
   SKIP_WITHOUT_CUDA();
-  torch::manual_seed(0);
-  sac_test::GptBlock block(64, 4, /*dropout=*/0.1);
-  block->to(torch::kCUDA);
+  auto block = gpt_block_on(torch::kCUDA);
   auto x = torch::randn({2, 32, 64}, on_cuda().requires_grad(true));
   const auto params = block->parameters();
   auto run = [&](const at::Tensor& in) { return block->forward(in); };
@@ -141,9 +141,7 @@ TEST(Cuda, RegionsOnANonCurrentDeviceReplayItsGenerator) {
   if (torch::cuda::device_count() < 2) {
     GTEST_SKIP() << "needs two CUDA devices";
   }
-  torch::manual_seed(0);
-  sac_test::GptBlock block(64, 4, /*dropout=*/0.1);
-  block->to(torch::Device(torch::kCUDA, 1));
+  auto block = gpt_block_on(torch::Device(torch::kCUDA, 1));
   auto x = torch::randn({2, 32, 64}, on_cuda(1).requires_grad(true));
   const auto params = block->parameters();
   auto run = [&](const at::Tensor& in) { return block->forward(in); };
@@ -165,9 +163,7 @@ TEST(Cuda, RegionsOnANonCurrentDeviceReplayItsGenerator) {
 // (item 6).
 TEST(Cuda, AutocastIsReplayedInTheRecomputation) {
   SKIP_WITHOUT_CUDA();
-  torch::manual_seed(0);
-  sac_test::GptBlock block(64, 4, /*dropout=*/0.1);
-  block->to(torch::kCUDA);
+  auto block = gpt_block_on(torch::kCUDA);
   auto x = torch::randn({2, 32, 64}, on_cuda().requires_grad(true));
   const auto params = block->parameters();
   auto run = [&](const at::Tensor& in) { return block->forward(in); };

@@ -71,6 +71,13 @@ class FakeDevice final : public sac::DeviceOps {
 
 using Calls = std::vector<std::string>;
 
+// Options whose policy offloads every mm output through host_memory(fake).
+sac::CheckpointOptions offload_mm_to(const std::shared_ptr<FakeDevice>& fake) {
+  return sac::CheckpointOptions()
+      .policy(sac::Policy::answer_ops({"aten::mm"}, sac::CheckpointPolicy::MustCpuOffload))
+      .offload_to(sac::host_memory(fake));
+}
+
 TEST(DeviceOrder, ACopyOutWaitsForTheTensorsMakerAndHoldsItsMemoryUntilRead) {
   sac_test::expect_configured_mechanism();
   auto fake = std::make_shared<FakeDevice>();
@@ -163,11 +170,7 @@ TEST(DeviceOrder, PrefetchedCopiesAreAllQueuedBeforeTheFirstWait) {
   auto f = [&](const at::Tensor& a) { return a.mm(w).tanh().mm(w).sin().mm(w).cos(); };
   const auto expected = torch::autograd::grad({f(x).sum()}, {x, w});
   auto fake = std::make_shared<FakeDevice>();
-  const auto options =
-      sac::CheckpointOptions()
-          .policy(sac::Policy::answer_ops({"aten::mm"}, sac::CheckpointPolicy::MustCpuOffload))
-          .offload_to(sac::host_memory(fake));
-  auto y = sac::checkpoint(options, f, x);
+  auto y = sac::checkpoint(offload_mm_to(fake), f, x);
   fake->calls.clear();
   sac_test::expect_bit_identical(expected, torch::autograd::grad({y.sum()}, {x, w}));
   const auto first_wait = std::find(fake->calls.begin(), fake->calls.end(),
@@ -192,11 +195,7 @@ TEST(DeviceOrder, ARecomputationDuringTheForwardCopiesEachOutputBackOnce) {
   };
   const auto expected = torch::autograd::grad({f(x)}, {x, w});
   auto fake = std::make_shared<FakeDevice>();
-  const auto options =
-      sac::CheckpointOptions()
-          .policy(sac::Policy::answer_ops({"aten::mm"}, sac::CheckpointPolicy::MustCpuOffload))
-          .offload_to(sac::host_memory(fake));
-  auto y = sac::checkpoint(options, f, x);
+  auto y = sac::checkpoint(offload_mm_to(fake), f, x);
   EXPECT_EQ(std::count(fake->calls.begin(), fake->calls.end(), "copy on to_device"), 1);
   sac_test::expect_bit_identical(expected, torch::autograd::grad({y}, {x, w}));
 }
@@ -210,11 +209,7 @@ TEST(DeviceOrder, OffloadAnswersCrossAndComeBackBitIdentical) {
   auto f = [&](const at::Tensor& a) { return a.mm(w).tanh().t().mm(a).sin(); };
   const auto expected = torch::autograd::grad({f(x).sum()}, {x, w});
   auto fake = std::make_shared<FakeDevice>();
-  const auto options =
-      sac::CheckpointOptions()
-          .policy(sac::Policy::answer_ops({"aten::mm"}, sac::CheckpointPolicy::MustCpuOffload))
-          .offload_to(sac::host_memory(fake));
-  auto y = sac::checkpoint(options, f, x);
+  auto y = sac::checkpoint(offload_mm_to(fake), f, x);
   EXPECT_EQ(fake->host_bytes, (8 * 16 + 16 * 16) * 4) << "the two mm outputs";
   sac_test::expect_bit_identical(expected, torch::autograd::grad({y.sum()}, {x, w}));
   EXPECT_EQ(fake->device_bytes, fake->host_bytes);
