@@ -10,7 +10,7 @@
 #include <memory>
 #include <vector>
 
-namespace {
+namespace answers_test {
 
 using sac_examples::HostArena;
 using sac_test::CountingAllocator;
@@ -350,4 +350,4 @@ TEST_F(Answers, NestedRegionsWithOffloadInsideAndSaveOutside) {
   EXPECT_EQ(kept, 2 * 16 * 32 * kFloat) << "the outer relus; the inner relu is recomputed";
 }
 
-}  // namespace
+}  // namespace answers_test

@@ -12,7 +12,7 @@
 #include <mutex>
 #include <thread>
 
-namespace {
+namespace checkpoint_test {
 
 using sac_test::error_of;
 using sac_test::expect_bit_identical;
@@ -289,7 +289,7 @@ TEST_F(Checkpoint, InputModifiedInPlaceBeforeBackwardIsAnError) {
 
 // Modes, hooks and frames live per thread: concurrent selective checkpoints
 // on several threads each get their own, bit-identical, gradients.
-TEST(Threads, ConcurrentSelectiveCheckpointsAreIndependent) {
+TEST(CheckpointThreads, ConcurrentSelectiveCheckpointsAreIndependent) {
   sac_test::expect_configured_mechanism();
   torch::manual_seed(0);
   sac_test::Mlp mlp(32, 64, 16, 3);
@@ -534,4 +534,4 @@ TEST_F(Checkpoint, SelectiveOptionsWithoutPolicyAreAnError) {
   EXPECT_NE(message.find("Add .policy"), std::string::npos) << message;
 }
 
-}  // namespace
+}  // namespace checkpoint_test

@@ -8,7 +8,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
-namespace {
+namespace collective_ledger_test {
 
 using sac_test::error_of;
 
@@ -90,4 +90,4 @@ TEST(CollectiveLedger, OnlyCommunicatingFunctionalCollectivesAreTracked) {
       sac::policy::is_collective(op_named("_c10d_functional_autograd::reduce_scatter_tensor")));
 }
 
-}  // namespace
+}  // namespace collective_ledger_test

@@ -12,7 +12,7 @@
 
 #include <cstdlib>
 
-namespace {
+namespace cuda_test {
 
 // Deterministic kernels, set before the first cuBLAS handle is made.
 bool deterministic_cuda() {
@@ -207,4 +207,4 @@ TEST(Cuda, ABackwardInsideTheForwardRunsOnTheDeviceThreadInsideTheRegion) {
   }
 }
 
-}  // namespace
+}  // namespace cuda_test

@@ -15,7 +15,7 @@
 #include <unistd.h>
 #include <vector>
 
-namespace {
+namespace dispatch_test {
 
 using sac::dispatch::Mechanism;
 using sac_test::error_of;
@@ -349,8 +349,6 @@ TEST_F(DispatchTest, BadSacDispatchValueIsReported) {
   EXPECT_TRUE(contains(output, "Use per_op")) << output;
 }
 
-}  // namespace
-
 // ---- What each mechanism sees ----------------------------------------------------
 
 // LibTorch's torch:: factory functions dispatch with ADInplaceOrView
@@ -421,3 +419,5 @@ TEST(DispatchBlindSpots, TorchFactoryCallsAreMissedByPerOpKernelsOnly) {
     }
   }
 }
+
+}  // namespace dispatch_test

@@ -3,7 +3,7 @@
 // process: the key is taken before sac chooses a mechanism.
 #include "support.h"
 
-namespace {
+namespace fallback_taken_test {
 
 void someone_elses_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                             torch::jit::Stack* stack) {
@@ -41,4 +41,4 @@ TEST(FallbackKeyTaken, ForcingTheFallbackIsAnErrorAndAutoUsesPerOpKernels) {
   EXPECT_TRUE(torch::equal(expected, torch::autograd::grad({y.sum()}, {w})[0]));
 }
 
-}  // namespace
+}  // namespace fallback_taken_test

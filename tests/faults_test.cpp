@@ -19,7 +19,7 @@
 #include <typeinfo>
 #include <vector>
 
-namespace {
+namespace faults_test {
 
 using sac_test::CountingAllocator;
 using sac_test::expect_bit_identical;
@@ -530,4 +530,4 @@ TEST_F(Faults, NestedRegionThrowsDuringOuterRecomputation) {
 INSTANTIATE_TEST_SUITE_P(Policies, FaultsPerPolicy,
                          ::testing::Values(Kind::Full, Kind::SaveOps, Kind::Callback), name_of);
 
-}  // namespace
+}  // namespace faults_test

@@ -2,7 +2,7 @@
 // on CPU: the same ops run in the same order, for every policy.
 #include "support.h"
 
-namespace {
+namespace gradients_test {
 
 using sac_test::expect_bit_identical;
 using sac_test::run_and_grad;
@@ -129,10 +129,6 @@ INSTANTIATE_TEST_SUITE_P(AllPolicies, Gradients,
                                            PolicyKind::SaveEverything, PolicyKind::EveryOtherMatmul),
                          [](const auto& info) { return name_of(info.param); });
 
-}  // namespace
-
-namespace {
-
 // LibTorch's C++ Linear on 3-D input runs aten::mm and adds the bias in place
 // through an aten::_unsafe_view of the mm output (its own version counter).
 // A cached mm output is thus modified behind its version counter; PyTorch
@@ -188,4 +184,4 @@ TEST(HiddenAliases, InputOfACachedAliasModifiedInPlaceIsNotServed) {
   sac_test::expect_bit_identical(expected, actual);
 }
 
-}  // namespace
+}  // namespace gradients_test

@@ -14,7 +14,7 @@
 #include <random>
 #include <sstream>
 
-namespace {
+namespace lab_test {
 
 using sac_test::CountingAllocator;
 using sac_test::expect_bit_identical;
@@ -308,4 +308,4 @@ TEST_F(Lab, TheProfilerTraceShowsTheForwardAndTheRecomputation) {
   EXPECT_NE(text.find("aten::addmm"), std::string::npos) << "a trace with ops in it";
 }
 
-}  // namespace
+}  // namespace lab_test

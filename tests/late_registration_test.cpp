@@ -12,7 +12,7 @@
 
 #include <atomic>
 
-namespace {
+namespace late_registration_test {
 
 class LateRegistration : public ::testing::Test {
  protected:
@@ -59,4 +59,4 @@ TEST_F(LateRegistration, CallbackPolicyCreatedAfterARegionRan) {
   EXPECT_GT(asked.load(), 0);
 }
 
-}  // namespace
+}  // namespace late_registration_test

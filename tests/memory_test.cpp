@@ -1,7 +1,7 @@
 // Memory, in exact bytes (a counting CPU allocator), not seconds.
 #include "support.h"
 
-namespace {
+namespace memory_test {
 
 using sac_test::CountingAllocator;
 
@@ -114,4 +114,4 @@ TEST_F(Memory, GptBlockKeepsOutputAndCacheOnly) {
   EXPECT_EQ(CountingAllocator::live_bytes(), base);
 }
 
-}  // namespace
+}  // namespace memory_test

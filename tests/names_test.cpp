@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace names_test {
 
 using sac_examples::HostArena;
 using sac_test::CountingAllocator;
@@ -482,4 +482,4 @@ TEST_F(Names, NamePoliciesTrainLikePlainAutogradThroughScopesAndWrappers) {
   expect_bit_identical(plain, wrapped);
 }
 
-}  // namespace
+}  // namespace names_test

@@ -8,7 +8,7 @@
 
 #include <sstream>
 
-namespace {
+namespace nn_test {
 
 using sac_test::CountingAllocator;
 
@@ -88,7 +88,6 @@ TEST(CheckpointSequential, UsesTheScopesOptionsAndChecksSegments) {
         << message;
   }
 }
-
 
 // ---- sac::CheckpointWrapper ---------------------------------------------------
 
@@ -478,4 +477,4 @@ TEST(ApplyActivationCheckpointing, ModulesCalledThroughTheirTypeAreAnErrorAndNot
       << list_message;
 }
 
-}  // namespace
+}  // namespace nn_test

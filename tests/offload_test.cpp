@@ -9,7 +9,7 @@
 
 #include "examples/host_arena.h"
 
-namespace {
+namespace offload_test {
 
 using sac_test::CountingAllocator;
 
@@ -219,4 +219,4 @@ TEST(OffloadWrapper, KeepsNamesLeavesParametersAndComposesWithTheCheckpointWrapp
   }
 }
 
-}  // namespace
+}  // namespace offload_test

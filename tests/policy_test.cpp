@@ -20,7 +20,7 @@ TORCH_LIBRARY_IMPL(sac_test_ns, CompositeExplicitAutograd, m) {
   m.impl("twice", [](const at::Tensor& x) { return x * 2; });
 }
 
-namespace {
+namespace policy_test {
 
 using sac_test::error_of;
 using sac_test::expect_bit_identical;
@@ -576,8 +576,6 @@ TEST_F(PolicyTest, ServedRandomOpRestoresGeneratorForLaterDraws) {
   EXPECT_EQ(modes.cache->saved_calls(), 0u) << "the saved draw was not served";
 }
 
-}  // namespace
-
 // ---- Ops per-op kernels miss ------------------------------------------------------
 
 // LibTorch's torch:: factory functions dispatch below ADInplaceOrView, where
@@ -630,3 +628,5 @@ TEST_F(PolicyTest, ACallbackKeepingAFactoryOpIsWarnedUnderPerOpKernelsOnly) {
   const bool per_op = sac::dispatch::mechanism() == sac::dispatch::Mechanism::PerOpKernels;
   EXPECT_EQ(warned, per_op ? 1u : 0u);
 }
+
+}  // namespace policy_test

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace presets_test {
 
 using sac::CheckpointPolicy;
 using sac_test::error_of;
@@ -277,4 +277,4 @@ TEST_F(Vocabulary, EveryPolicyGivesBitIdenticalGradientsThroughCheckpointAndScop
   }
 }
 
-}  // namespace
+}  // namespace presets_test

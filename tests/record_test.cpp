@@ -6,7 +6,7 @@
 #include <sac/record/internal/recorder.h>
 #include <sac/record/internal/replay.h>
 
-namespace {
+namespace record_test {
 
 using sac::record::Recorder;
 using sac::record::Recording;
@@ -174,4 +174,4 @@ TEST(Record, OpsWithAStorageArgumentAreRefused) {
   EXPECT_NE(message.find("Storage"), std::string::npos) << message;
 }
 
-}  // namespace
+}  // namespace record_test

@@ -10,7 +10,7 @@
 
 #include "examples/host_arena.h"
 
-namespace {
+namespace region_exact_test {
 
 using sac_examples::HostArena;
 using sac_test::error_of;
@@ -167,4 +167,4 @@ TEST(RegionExact, OutsideTensorModifiedBeforeBackwardIsAnErrorInsideAnOffloadGua
   }
 }
 
-}  // namespace
+}  // namespace region_exact_test

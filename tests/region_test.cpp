@@ -7,7 +7,7 @@
 
 #include <thread>
 
-namespace {
+namespace region_test {
 
 using sac_test::error_of;
 using sac_test::expect_bit_identical;
@@ -565,4 +565,4 @@ TEST_F(RegionMemory, ReplayPeakIsNoHigherThanFunctionRerun) {
   }
 }
 
-}  // namespace
+}  // namespace region_test

@@ -3,7 +3,7 @@
 // dispatch mechanisms by ctest. Each says what it once did.
 #include "support.h"
 
-namespace {
+namespace regressions_test {
 
 using sac_test::error_of;
 using sac_test::expect_bit_identical;
@@ -270,8 +270,6 @@ TEST_F(Regressions, RetainGraphThroughASelectiveRegionSaysWhatToDo) {
   EXPECT_NE(message.find("without a policy"), std::string::npos) << message;
 }
 
-}  // namespace
-
 // Found by the fuzzer (seeds 13545540041466774281, 15537403130574667707 and
 // six more): torch::autograd::grad inside a selective region. The inner
 // backward unpacks the region's own holders, so the region is recomputed
@@ -363,3 +361,5 @@ TEST_F(Regressions, RecomputationInsideAnEnclosingForwardIsSeenByItsOwnModesOnly
     expect_bit_identical(expected, actual);
   }
 }
+
+}  // namespace regressions_test

@@ -4,7 +4,7 @@
 
 #include <thread>
 
-namespace {
+namespace scope_test {
 
 using sac_test::CountingAllocator;
 
@@ -108,4 +108,4 @@ TEST_F(Scope, RegionsWithoutOptionsUseTheScopes) {
   y.sum().backward();
 }
 
-}  // namespace
+}  // namespace scope_test

@@ -9,7 +9,7 @@
 
 #include <sstream>
 
-namespace {
+namespace statistics_test {
 
 using sac_test::CountingAllocator;
 using sac_test::error_of;
@@ -239,4 +239,4 @@ TEST_F(Statistics, CountTheRegionGuard) {
   EXPECT_GT(b.calls_served, 0u);
 }
 
-}  // namespace
+}  // namespace statistics_test

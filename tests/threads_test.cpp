@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-namespace {
+namespace threads_test {
 
 using sac_test::expect_bit_identical;
 
@@ -759,4 +759,4 @@ TEST(EngineThreads, AThreadCarriesWhatItSees) {
   }).join();
 }
 
-}  // namespace
+}  // namespace threads_test
