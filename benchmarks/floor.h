@@ -9,7 +9,7 @@
 // asking sac.
 #pragma once
 
-#include <sac/dispatch/interceptor.h>
+#include <sac/dispatch/internal/interceptor.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>

@@ -127,9 +127,9 @@ struct Point {
 Point budget_point(const std::string& label, const std::string& kind,
                    const std::vector<sac::RegionProfile>& profiles, sac::Budget budget) {
   const sac::BudgetedPlan plan = sac::budgeted_plan(profiles, budget);
-  if (!plan.choice.exact) {
+  if (!plan.exact) {
     std::printf("note: %s: the solver stopped at its node limit; the plan is within %.3f ms of "
-                "the best\n", label.c_str(), (plan.choice.upper_bound - plan.choice.value) * 1e3);
+                "the best\n", label.c_str(), plan.gap_seconds * 1e3);
   }
   Point p{label, kind, plan.policies};
   p.predicted_bytes = plan.kept_bytes;

@@ -5,43 +5,48 @@
 //                            [&](const at::Tensor& x) { return mlp->forward(x); },
 //                            x);
 //
-// The pieces, bottom up:
-//   sac/dispatch/interceptor.h     interception of aten ops below autograd
+// What it declares, by header:
+//   sac/checkpoint/checkpoint.h    sac::checkpoint and its options (options.h)
+//   sac/checkpoint/region.h        the same for any code, by an RAII guard
+//   sac/checkpoint/scope.h         the options of a block of code
+//   sac/checkpoint/guards.h        debug and early-stop guards
+//   sac/checkpoint/graph_exec_group.h  backward calls that recompute once
 //   sac/policy/policy.h            which op calls to save, recompute, offload
 //   sac/policy/presets.h           ready-made policies (JAX, torchtitan, ...)
 //   sac/policy/combinators.h       any_of, all_of, except, every_nth, ...
 //   sac/policy/tag.h, names.h      named values: sac::tag and name policies
-//   sac/cache/selective_modes.h    the caching and cached modes, their cache
+//   sac/cache/selective_modes.h    PyTorch's create_selective_checkpoint_contexts
 //   sac/cache/statistics.h         what regions did with their ops, counted
-//   sac/checkpoint/checkpoint.h    non-reentrant checkpoint and its options
-//   sac/checkpoint/region.h        the same for any code, by an RAII guard
-//   sac/checkpoint/scope.h         the options of a block of code
-//   sac/checkpoint/graph_exec_group.h  backward calls that recompute once
 //   sac/offload/offload.h          saved tensors kept in host memory
+//   sac/base/copy_target.h         where offloaded tensors go (host_memory())
+//   sac/base/context.h             the contexts a context_fn returns
+//   sac/base/error.h               sac::CheckpointError
+//   sac/dispatch/mechanism.h       how sac sits below autograd (SAC_DISPATCH)
 //   sac/lab/...                    policy experiments: profile.h, explain.h,
-//                                  budget.h (budgeted policies), knapsack.h
+//                                  budget.h (budgeted policies)
 //   sac/nn/...                     torch::nn models: checkpoint_wrapper.h,
 //                                  apply_activation_checkpointing.h,
 //                                  checkpoint_sequential.h, offload_wrapper.h
 //                                  (not included here: they bring in
 //                                  torch::nn's headers)
+// The floors' internal/ headers (interceptors, the op cache, the recorder)
+// are not part of the API and are not installed.
 #pragma once
 
-#include <sac/cache/op_cache.h>
+#include <sac/base/context.h>
+#include <sac/base/copy_target.h>
+#include <sac/base/error.h>
 #include <sac/cache/selective_modes.h>
 #include <sac/cache/statistics.h>
 #include <sac/checkpoint/checkpoint.h>
-#include <sac/base/context.h>
-#include <sac/base/error.h>
 #include <sac/checkpoint/graph_exec_group.h>
 #include <sac/checkpoint/guards.h>
 #include <sac/checkpoint/options.h>
 #include <sac/checkpoint/region.h>
 #include <sac/checkpoint/scope.h>
-#include <sac/dispatch/interceptor.h>
+#include <sac/dispatch/mechanism.h>
 #include <sac/lab/budget.h>
 #include <sac/lab/explain.h>
-#include <sac/lab/knapsack.h>
 #include <sac/lab/profile.h>
 #include <sac/offload/offload.h>
 #include <sac/policy/checkpoint_policy.h>
@@ -50,4 +55,3 @@
 #include <sac/policy/policy.h>
 #include <sac/policy/presets.h>
 #include <sac/policy/tag.h>
-#include <sac/base/copy_target.h>

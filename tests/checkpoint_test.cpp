@@ -4,6 +4,7 @@
 
 #include <sac/checkpoint/internal/debug_log.h>
 #include <sac/checkpoint/internal/device_state.h>
+#include <sac/dispatch/internal/interceptor.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>

@@ -1,9 +1,9 @@
-// The ledger of a region's collectives (sac/cache/collective_ledger.h) on its
+// The ledger of a region's collectives (sac/cache/internal/collective_ledger.h) on its
 // own: what makes two calls the same communication, and the errors. The
 // collectives themselves, on two ranks, are in tests/distributed.
 #include "support.h"
 
-#include <sac/cache/collective_ledger.h>
+#include <sac/cache/internal/collective_ledger.h>
 #include <sac/policy/internal/op_traits.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>

@@ -7,6 +7,7 @@
 #include "support.h"
 
 #include <sac/offload/offload.h>
+#include <sac/dispatch/internal/interceptor.h>
 
 #include <ATen/autocast_mode.h>
 

@@ -1,11 +1,11 @@
 // host_memory()'s stream order, on a machine without an accelerator: a fake
-// DeviceOps (sac/base/device_ops.h) whose "device" tensors are CPU tensors
+// DeviceOps (sac/base/internal/device_ops.h) whose "device" tensors are CPU tensors
 // records each stream, event, allocation and copy, and the tests assert the
 // order PyTorch's caching allocator needs (issue 22).
 #include "support.h"
 
 #include <sac/offload/offload.h>
-#include <sac/base/device_ops.h>
+#include <sac/base/internal/device_ops.h>
 
 #include <ATen/EmptyTensor.h>
 

@@ -4,6 +4,7 @@
 #include "support.h"
 
 #include <sac/policy/internal/op_names.h>
+#include <sac/dispatch/internal/interceptor.h>
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
 

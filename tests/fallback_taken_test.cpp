@@ -3,6 +3,8 @@
 // process: the key is taken before sac chooses a mechanism.
 #include "support.h"
 
+#include <sac/cache/internal/op_cache.h>
+
 namespace fallback_taken_test {
 
 void someone_elses_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,

@@ -8,6 +8,8 @@
 // un-checkpointed run.
 #include "support.h"
 
+#include <sac/dispatch/internal/interceptor.h>
+
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 

@@ -2,6 +2,8 @@
 // on CPU: the same ops run in the same order, for every policy.
 #include "support.h"
 
+#include <sac/cache/internal/op_cache.h>
+
 namespace gradients_test {
 
 using sac_test::expect_bit_identical;

@@ -4,7 +4,7 @@
 
 #include <sac/lab/budget.h>
 #include <sac/lab/explain.h>
-#include <sac/lab/knapsack.h>
+#include <sac/lab/internal/knapsack.h>
 #include <sac/lab/profile.h>
 
 #include <torch/csrc/autograd/profiler_legacy.h>
@@ -144,7 +144,7 @@ TEST_F(Lab, BudgetedPolicyKeepsWhatItPredictsWithinItsBudget) {
   for (const double fraction : {0.0, 0.1, 0.25, 0.5, 0.75, 1.0}) {
     SCOPED_TRACE(fraction);
     const auto plan = sac::budgeted_plan({p}, sac::Budget::fraction(fraction));
-    EXPECT_TRUE(plan.choice.exact);
+    EXPECT_TRUE(plan.exact);
     EXPECT_LE(plan.kept_bytes, plan.budget_bytes);
     const Outcome out = run(block, x, plan.policies[0]);
     EXPECT_EQ(out.kept - none.kept, plan.kept_bytes);
@@ -200,7 +200,7 @@ TEST_F(Lab, OffloadIsAChoiceForAcceleratorCalls) {
     }
     const auto plan =
         sac::budgeted_plan({sac::RegionProfile(calls)}, sac::Budget::bytes(budget), offload);
-    ASSERT_TRUE(plan.choice.exact);
+    ASSERT_TRUE(plan.exact);
     EXPECT_LE(plan.kept_bytes, budget);
     EXPECT_NEAR(plan.recompute_seconds + plan.offload_seconds, best, 1e-12) << "trial " << trial;
     int64_t kept = 0, offloaded = 0;
@@ -234,7 +234,7 @@ TEST_F(Lab, TwelveBlocksAreSolvedExactly) {
   }
   for (const double fraction : {0.05, 0.2, 0.5, 0.8}) {
     const auto plan = sac::budgeted_plan(profiles, sac::Budget::fraction(fraction));
-    EXPECT_TRUE(plan.choice.exact) << fraction;
+    EXPECT_TRUE(plan.exact) << fraction;
     EXPECT_LE(plan.kept_bytes, plan.budget_bytes);
   }
 }

@@ -1,6 +1,8 @@
 // Memory, in exact bytes (a counting CPU allocator), not seconds.
 #include "support.h"
 
+#include <sac/cache/internal/op_cache.h>
+
 namespace memory_test {
 
 using sac_test::CountingAllocator;

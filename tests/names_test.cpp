@@ -6,6 +6,7 @@
 #include "examples/host_arena.h"
 
 #include <sac/nn/checkpoint_wrapper.h>
+#include <sac/cache/internal/op_cache.h>
 
 #include <functional>
 #include <memory>

@@ -6,6 +6,7 @@
 
 #include <sac/policy/internal/op_names.h>
 #include <sac/policy/internal/op_traits.h>
+#include <sac/cache/internal/op_cache.h>
 
 #include <torch/library.h>
 

@@ -2,7 +2,7 @@
 // made them, and that replay computes the same values.
 #include "support.h"
 
-#include <sac/dispatch/interceptor.h>
+#include <sac/dispatch/internal/interceptor.h>
 #include <sac/record/internal/recorder.h>
 #include <sac/record/internal/replay.h>
 

@@ -5,7 +5,7 @@
 // per-op kernels, where the guard's clear error is the expected outcome.
 #include "support.h"
 
-#include <sac/dispatch/interceptor.h>
+#include <sac/dispatch/internal/interceptor.h>
 #include <sac/offload/offload.h>
 
 #include "examples/host_arena.h"

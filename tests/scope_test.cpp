@@ -2,6 +2,8 @@
 // region guards of a block of code on one thread.
 #include "support.h"
 
+#include <sac/dispatch/internal/interceptor.h>
+
 #include <thread>
 
 namespace scope_test {

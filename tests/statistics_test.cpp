@@ -6,6 +6,7 @@
 #include <sac/lab/budget.h>
 #include <sac/lab/explain.h>
 #include <sac/lab/profile.h>
+#include <sac/dispatch/internal/interceptor.h>
 
 #include <sstream>
 

@@ -5,7 +5,8 @@
 #include "support.h"
 
 #include <sac/offload/offload.h>
-#include <sac/base/stash.h>
+#include <sac/base/internal/stash.h>
+#include <sac/dispatch/internal/interceptor.h>
 
 #include <ATen/ThreadLocalState.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>

@@ -1,6 +1,6 @@
 #include <sac/base/copy_target.h>
 
-#include <sac/base/device_ops.h>
+#include <sac/base/internal/device_ops.h>
 
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/Event.h>

@@ -63,11 +63,6 @@ class CopyTarget {
 // taken, so a prefetch overlaps the work queued until then.
 std::shared_ptr<CopyTarget> host_memory();
 
-class DeviceOps;
-// The same through `ops` (sac/base/device_ops.h): tests check the order of
-// its operations with a fake on the CPU.
-std::shared_ptr<CopyTarget> host_memory(std::shared_ptr<DeviceOps> ops);
-
 // For writing copy targets: `t` with its broadcast dimensions (stride 0)
 // cut to one element, what a copy with t's strides needs to hold (copy_
 // into a broadcast tensor fails); `copy.expand(t.sizes())` has t's sizes

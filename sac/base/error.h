@@ -3,7 +3,6 @@
 #pragma once
 
 #include <c10/util/Exception.h>
-#include <c10/util/StringUtil.h>
 
 namespace sac {
 
@@ -14,11 +13,3 @@ class CheckpointError : public c10::Error {
 };
 
 }  // namespace sac
-
-// TORCH_CHECK that throws sac::CheckpointError.
-#define SAC_CHECKPOINT_CHECK(cond, ...)                                    \
-  if (C10_UNLIKELY_OR_CONST(!(cond))) {                                    \
-    throw ::sac::CheckpointError(                                          \
-        {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},             \
-        ::c10::str(__VA_ARGS__));                                          \
-  }

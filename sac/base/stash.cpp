@@ -1,4 +1,4 @@
-#include <sac/base/stash.h>
+#include <sac/base/internal/stash.h>
 
 #include <sac/dispatch/internal/carried.h>
 

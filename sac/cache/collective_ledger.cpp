@@ -1,6 +1,6 @@
-#include <sac/cache/collective_ledger.h>
+#include <sac/cache/internal/collective_ledger.h>
 
-#include <sac/base/error.h>
+#include <sac/base/internal/check.h>
 
 #include <c10/util/Exception.h>
 

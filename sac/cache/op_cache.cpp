@@ -1,8 +1,8 @@
-#include <sac/cache/op_cache.h>
+#include <sac/cache/internal/op_cache.h>
 
-#include <sac/base/error.h>
+#include <sac/base/internal/check.h>
 #include <sac/dispatch/internal/boxed.h>
-#include <sac/dispatch/interceptor.h>
+#include <sac/dispatch/internal/interceptor.h>
 #include <sac/base/internal/detached_alias.h>
 
 #include <c10/core/GradMode.h>

@@ -1,10 +1,10 @@
-#include <sac/cache/selective_modes.h>
+#include <sac/cache/internal/modes.h>
 
 #include <sac/base/internal/generators.h>
 
 #include <sac/dispatch/internal/boxed.h>
 #include <sac/policy/internal/op_traits.h>
-#include <sac/base/stash.h>
+#include <sac/base/internal/stash.h>
 
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>

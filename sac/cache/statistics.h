@@ -31,7 +31,7 @@ struct RegionCounts {
   size_t calls_offloaded = 0;   // outputs copied to the offload target
   size_t calls_recomputed = 0;  // left to the recomputation
   // Of the recomputed: answered save or offload, but an output was modified
-  // in place later in the forward (sac/cache/op_cache.h).
+  // in place later in the forward (sac/cache/internal/op_cache.h).
   size_t calls_demoted = 0;
   size_t tags = 0;  // sac::tag calls (sac/policy/tag.h)
   // Bytes of the storages the seen calls' outputs hold (each storage counted
@@ -42,7 +42,7 @@ struct RegionCounts {
   int64_t bytes_kept = 0;
   int64_t bytes_offloaded = 0;
   int64_t bytes_dropped = 0;
-  // Functional collectives the forwards issued (sac/cache/collective_ledger.h),
+  // Functional collectives the forwards issued (sac/cache/internal/collective_ledger.h),
   // decided about or not.
   size_t collectives_issued = 0;
 

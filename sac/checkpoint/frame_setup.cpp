@@ -1,5 +1,6 @@
 #include <sac/checkpoint/internal/frame_setup.h>
 
+#include <sac/cache/selective_modes.h>
 #include <sac/checkpoint/guards.h>
 
 namespace sac::detail {

@@ -1,6 +1,6 @@
 #include <sac/checkpoint/internal/function_rerun.h>
 
-#include <sac/base/error.h>
+#include <sac/base/internal/check.h>
 #include <sac/checkpoint/internal/frame.h>
 #include <sac/base/internal/saved_tensor_hooks.h>
 

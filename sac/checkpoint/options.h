@@ -1,9 +1,9 @@
 // Options of sac::checkpoint.
 #pragma once
 
-#include <sac/cache/selective_modes.h>
-#include <sac/cache/statistics.h>
 #include <sac/base/context.h>
+#include <sac/base/copy_target.h>
+#include <sac/cache/statistics.h>
 #include <sac/policy/policy.h>
 
 #include <memory>

@@ -1,6 +1,6 @@
 #include <sac/checkpoint/internal/outside_tensor_watch.h>
 
-#include <sac/base/error.h>
+#include <sac/base/internal/check.h>
 #include <sac/dispatch/internal/boxed.h>
 #include <sac/policy/internal/op_traits.h>
 

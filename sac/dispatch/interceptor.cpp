@@ -1,4 +1,4 @@
-#include <sac/dispatch/interceptor.h>
+#include <sac/dispatch/internal/interceptor.h>
 
 #include <sac/dispatch/internal/boxed.h>
 #include <sac/dispatch/internal/carried.h>

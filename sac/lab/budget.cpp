@@ -1,5 +1,7 @@
 #include <sac/lab/budget.h>
 
+#include <sac/lab/internal/knapsack.h>
+
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
@@ -130,12 +132,14 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
   BudgetedPlan plan;
   plan.budget_bytes = budget.resolve(everything);
   const auto start = std::chrono::steady_clock::now();
-  plan.choice = lab::solve_knapsack(items, plan.budget_bytes);
+  const lab::Choice choice = lab::solve_knapsack(items, plan.budget_bytes);
   plan.solver_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  plan.kept_bytes = plan.choice.weight;
+  plan.exact = choice.exact;
+  plan.gap_seconds = choice.exact ? 0 : choice.upper_bound - choice.value;
+  plan.kept_bytes = choice.weight;
   std::vector<bool> kept(items.size(), false);
-  for (const size_t i : plan.choice.chosen) {
+  for (const size_t i : choice.chosen) {
     kept[i] = true;
   }
   std::vector<std::vector<ChosenCallsRule::Chosen>> chosen(profiles.size());

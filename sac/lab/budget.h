@@ -6,7 +6,7 @@
 //   auto y = sac::checkpoint(sac::CheckpointOptions().policy(policy), fn, x);
 //
 // The choice is a 0/1 knapsack over the profile's keepable calls (bytes kept
-// against time recomputed), solved exactly (sac/lab/knapsack.h). The policy
+// against time recomputed), solved exactly (a knapsack, sac/lab/internal/knapsack.h). The policy
 // answers MustSave for the chosen calls by (op, call index) and
 // PreferRecompute otherwise, so it replays a region that runs the same ops
 // as the profiled one: the bytes it keeps after the forward are the chosen
@@ -20,7 +20,6 @@
 // MustCpuOffload (moved to host_memory(), sac/base/copy_target.h).
 #pragma once
 
-#include <sac/lab/knapsack.h>
 #include <sac/lab/profile.h>
 #include <sac/policy/policy.h>
 
@@ -73,7 +72,11 @@ struct BudgetedPlan {
   // the time of their trips.
   int64_t offloaded_bytes = 0;
   double offload_seconds = 0;
-  lab::Choice choice;       // over all profiles' keepable calls
+  // Whether the plan is proven to recompute least within the budget. The
+  // solver stops after ten million nodes; its plan then recomputes at most
+  // `gap_seconds` more than the best one.
+  bool exact = true;
+  double gap_seconds = 0;
   double solver_seconds = 0;
 };
 

@@ -1,5 +1,6 @@
 #include <sac/lab/explain.h>
 
+#include <sac/cache/internal/op_cache.h>
 #include <sac/cache/selective_modes.h>
 #include <sac/base/context.h>
 

@@ -1,4 +1,4 @@
-#include <sac/lab/knapsack.h>
+#include <sac/lab/internal/knapsack.h>
 
 #include <c10/util/Exception.h>
 

@@ -12,7 +12,7 @@
 //
 // Under the fallback-key mechanism every op is seen; under per-op kernels,
 // the cacheable ops only (views and in-place ops are not intercepted there;
-// see sac/dispatch/interceptor.h).
+// see sac/dispatch/internal/interceptor.h).
 //
 // The region really runs: its random ops draw from their generators and its
 // in-place ops on buffers (BatchNorm's running statistics) happen. Seed and

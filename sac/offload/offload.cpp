@@ -1,9 +1,10 @@
 #include <sac/offload/offload.h>
 
 #include <sac/base/internal/saved_tensor_hooks.h>
-#include <sac/dispatch/interceptor.h>
+#include <sac/dispatch/internal/interceptor.h>
 #include <sac/base/internal/detached_alias.h>
-#include <sac/base/version_watch.h>
+#include <sac/base/internal/stash.h>
+#include <sac/base/internal/version_watch.h>
 
 #include <c10/core/GradMode.h>
 #include <c10/core/StorageImpl.h>
@@ -102,7 +103,7 @@ OffloadGuard::OffloadGuard(OffloadOptions options) {
   auto offloader = std::make_shared<Offloader>(std::move(options));
   hooks_ = std::make_unique<detail::SavedTensorHooksGuard>(
       [offloader] { return offloader->hooks(); });
-  stash_.emplace(offloader);
+  stash_ = std::make_unique<StashScope>(offloader);
 }
 
 OffloadGuard::~OffloadGuard() = default;

@@ -23,18 +23,17 @@
 #pragma once
 
 #include <sac/base/copy_target.h>
-#include <sac/base/stash.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <vector>
 
 namespace sac {
 
+class StashScope;
 namespace detail {
 class SavedTensorHooksGuard;
 }  // namespace detail
@@ -83,7 +82,7 @@ class OffloadGuard {
 
  private:
   std::unique_ptr<detail::SavedTensorHooksGuard> hooks_;
-  std::optional<StashScope> stash_;
+  std::unique_ptr<StashScope> stash_;
 };
 
 }  // namespace sac

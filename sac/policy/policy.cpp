@@ -1,6 +1,6 @@
 #include <sac/policy/policy.h>
 
-#include <sac/dispatch/interceptor.h>
+#include <sac/dispatch/internal/interceptor.h>
 #include <sac/policy/internal/op_names.h>
 #include <sac/policy/internal/op_traits.h>
 

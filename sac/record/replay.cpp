@@ -1,9 +1,9 @@
 #include <sac/record/internal/replay.h>
 
-#include <sac/base/error.h>
+#include <sac/base/internal/check.h>
 #include <sac/base/internal/generators.h>
 #include <sac/dispatch/internal/boxed.h>
-#include <sac/dispatch/interceptor.h>
+#include <sac/dispatch/internal/interceptor.h>
 
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/Exception.h>

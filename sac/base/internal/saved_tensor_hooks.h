@@ -38,7 +38,7 @@ class SavedTensorHooksGuard {
 // Saves `t` as autograd saves an input (SavedVariable(t, false)), without the
 // thread's hooks: what is saved is kept, not handed to a region's holders.
 // Kept where the thread keeps such tensors: in its stash if it has one
-// (sac/base/stash.h), as the thread's hooks would for autograd.
+// (sac/base/internal/stash.h), as the thread's hooks would for autograd.
 torch::autograd::SavedVariable save_kept(const at::Tensor& t);
 
 }  // namespace sac::detail

@@ -9,7 +9,7 @@
 #include <sac/checkpoint/internal/frame.h>
 #include <sac/checkpoint/internal/frame_setup.h>
 #include <sac/checkpoint/internal/profiler_scope.h>
-#include <sac/dispatch/interceptor.h>
+#include <sac/dispatch/internal/interceptor.h>
 
 #include <functional>
 #include <memory>

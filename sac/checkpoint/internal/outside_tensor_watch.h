@@ -7,7 +7,7 @@
 // Autograd cannot see this: such tensors are not saved (a buffer that does
 // not require grad never is), and the region's function captures them.
 //
-// The watch observes every op of the region (sac/dispatch/interceptor.h):
+// The watch observes every op of the region (sac/dispatch/internal/interceptor.h):
 // in forward it notes the version of each tensor an op reads that no op of
 // the region made; in recomputation it checks that each such tensor, when it
 // is read again, still has that version, and throws a CheckpointError
@@ -19,8 +19,8 @@
 // or out= ops): a read by an in-place op (h.add_(buf)) is not checked there.
 #pragma once
 
-#include <sac/dispatch/interceptor.h>
-#include <sac/base/version_watch.h>
+#include <sac/dispatch/internal/interceptor.h>
+#include <sac/base/internal/version_watch.h>
 
 #include <unordered_map>
 

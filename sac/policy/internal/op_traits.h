@@ -45,7 +45,7 @@ bool is_collective(const c10::OperatorHandle& op);
 // True for the functional collectives that communicate: every op of
 // _c10d_functional and _c10d_functional_autograd except wait_tensor, which
 // only waits for one. These are the collectives a checkpointed region tracks
-// (sac/cache/collective_ledger.h). Cheap for aten ops: one character compare.
+// (sac/cache/internal/collective_ledger.h). Cheap for aten ops: one character compare.
 bool issues_collective(const c10::OperatorHandle& op);
 
 // Ops whose schema says "functional" but whose output shares its input's

@@ -1,6 +1,6 @@
 // Records the ops of a region as they run (see recording.h).
 //
-// The recorder is an op observer (sac/dispatch/interceptor.h) on the
+// The recorder is an op observer (sac/dispatch/internal/interceptor.h) on the
 // region's thread: it sees every op that reaches below autograd, views,
 // in-place and out= ops included, which takes the fallback-key mechanism
 // (dispatch::observers_see_every_op). It names each tensor an op reads by the
@@ -22,7 +22,7 @@
 // schema declares. Such regions must not be recorded.
 #pragma once
 
-#include <sac/dispatch/interceptor.h>
+#include <sac/dispatch/internal/interceptor.h>
 #include <sac/record/internal/recording.h>
 
 #include <c10/util/intrusive_ptr.h>

@@ -42,7 +42,7 @@
 // the values again.
 #pragma once
 
-#include <sac/base/version_watch.h>
+#include <sac/base/internal/version_watch.h>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>

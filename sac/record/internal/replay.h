@@ -19,7 +19,7 @@ using MarkSink = std::function<void(size_t mark, const at::Tensor& value)>;
 // `outside` holds the tensors of the Outside steps kept as SavedVariables,
 // by index, unpacked by the caller (undefined for those with a copy).
 // Calls recorded as intercepted reach the interceptor active on the thread
-// (sac/dispatch/interceptor.h: call_op), as in the forward they reached the
+// (sac/dispatch/internal/interceptor.h: call_op), as in the forward they reached the
 // region's; other calls and the steps' own work are seen by nothing.
 //
 // A value is kept from the step that makes it to the last step that reads

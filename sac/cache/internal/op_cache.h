@@ -8,10 +8,10 @@
 // values that were stored.
 #pragma once
 
-#include <sac/cache/collective_ledger.h>
+#include <sac/cache/internal/collective_ledger.h>
 #include <sac/base/copy_target.h>
-#include <sac/base/stash.h>
-#include <sac/base/version_watch.h>
+#include <sac/base/internal/stash.h>
+#include <sac/base/internal/version_watch.h>
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -154,7 +154,7 @@ class OpCache {
   // No call recorded (or all cleared).
   bool empty() const { return calls_.empty(); }
 
-  // The collectives the forward issued (sac/cache/collective_ledger.h),
+  // The collectives the forward issued (sac/cache/internal/collective_ledger.h),
   // whether or not the policy decides about them. Emptied by
   // begin_recording() and clear().
   CollectiveLedger& collectives() { return collectives_; }
@@ -194,7 +194,7 @@ class OpCache {
     std::optional<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> returned;
     // ... or kept on its device (a detached alias) ...
     at::Tensor held;
-    // Or stashed (sac/base/stash.h) ...
+    // Or stashed (sac/base/internal/stash.h) ...
     std::unique_ptr<torch::autograd::SavedVariableHooks> stashed;
     // ... or offloaded: the copy in the call's target, what it was copied
     // from, and its copy back once prefetch() started it.

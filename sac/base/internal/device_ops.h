@@ -3,11 +3,13 @@
 //
 // host_memory() (copy_target.h) orders its copies only through this
 // interface, so that the order can be checked on a machine without an
-// accelerator: tests give host_memory_with() a fake whose "device" tensors
+// accelerator: tests give host_memory(ops) a fake whose "device" tensors
 // are CPU tensors and which records each call (tests/device_order_test.cpp).
 // The real one, device_ops(), runs them through c10's VirtualGuardImpl for
 // the tensor's device type and the device's caching allocator.
 #pragma once
+
+#include <sac/base/copy_target.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -55,5 +57,9 @@ class DeviceOps {
 
 // The accelerators of this process, through c10's VirtualGuardImpl.
 std::shared_ptr<DeviceOps> device_ops();
+
+// host_memory() (sac/base/copy_target.h) through `ops`: tests check the order
+// of its operations with a fake on the CPU.
+std::shared_ptr<CopyTarget> host_memory(std::shared_ptr<DeviceOps> ops);
 
 }  // namespace sac
