@@ -5,7 +5,7 @@
 
 #include "examples/gpt.h"
 
-#include <sac/dispatch/internal/interceptor.h>
+#include <sac/dispatch/mechanism.h>
 
 #include <absl/flags/flag.h>
 #include <absl/flags/parse.h>
