@@ -2,11 +2,7 @@
 
 #include <sac/base/internal/check.h>
 #include <sac/dispatch/internal/boxed.h>
-#include <sac/dispatch/internal/interceptor.h>
-#include <sac/base/internal/detached_alias.h>
 
-#include <c10/core/GradMode.h>
-#include <c10/core/TensorImpl.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -56,11 +52,6 @@ c10::IValue map_tensors(const c10::IValue& value, F&& f) {
   return value;
 }
 
-// The key of `t`'s storage in the cache's maps; null without storage.
-const c10::StorageImpl* slot_storage(const at::Tensor& t) {
-  return t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
-}
-
 // The defined tensors among `outputs`, in slot order.
 std::vector<at::Tensor> tensors_of(c10::ArrayRef<c10::IValue> outputs) {
   std::vector<at::Tensor> tensors;
@@ -89,18 +80,6 @@ OpCache::Call OpCache::shape_of(c10::ArrayRef<c10::IValue> outputs) {
   return call;
 }
 
-void OpCache::note_producer(const c10::OperatorHandle& op, size_t index,
-                            c10::ArrayRef<at::Tensor> tensors) {
-  for (const at::Tensor& t : tensors) {
-    if (!t.has_storage()) {
-      continue;
-    }
-    c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-    producers_.insert_or_assign(
-        storage, ProducerInfo{op, index, t.storage().getWeakStorageImpl(), {}});
-  }
-}
-
 void OpCache::append_recompute(const c10::OperatorHandle& op,
                                c10::ArrayRef<c10::IValue> outputs,
                                std::optional<GeneratorSnapshot> generator) {
@@ -110,20 +89,17 @@ void OpCache::append_recompute(const c10::OperatorHandle& op,
     return;
   }
   Call call = shape_of(outputs);
-  const std::vector<at::Tensor> tensors = tensors_of(outputs);
+  std::vector<at::Tensor> tensors = tensors_of(outputs);
   for (size_t i = 0; i < tensors.size(); ++i) {
     call.slots[i].returned.emplace(tensors[i].getIntrusivePtr());
   }
   call.generator = std::move(generator);
-  note_producer(op, calls.size(), tensors);
+  producers_.note(op, calls.size(), tensors);
   calls.push_back(std::move(call));
-  // Autograd keeps nothing in a checkpointed forward: an output that only
-  // autograd wanted (native_layer_norm's mean) dies as soon as the op
-  // returns. Holding the latest call's outputs lets tags right after the
-  // call keep all of them; the next call with tensor outputs replaces them
-  // (a tag's own record has none).
+  // A tag's own record has no tensor outputs: it leaves the call it tags
+  // the latest.
   if (!tensors.empty()) {
-    latest_outputs_ = tensors;
+    producers_.hold_latest(std::move(tensors));
   }
 }
 
@@ -132,81 +108,15 @@ size_t OpCache::recorded_calls(const c10::OperatorHandle& op) const {
   return it == calls_.end() ? 0 : it->second.size();
 }
 
-void OpCache::watch(StorageInfo& info, const at::Tensor& t) {
-  const VersionWatch watch(t);
-  for (const auto& known : info.watches) {
-    if (known.identity() == watch.identity()) {
-      return;  // views share their base's counter: one watch covers them
-    }
-  }
-  info.watches.push_back(watch);
-}
-
-void OpCache::hold(Slot& slot, const at::Tensor& t) {
-  slot.held = detached_alias(t);
-  if (!t.has_storage()) {
-    return;
-  }
-  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-  slot.storage = storage;
-  StorageInfo& info = storages_[storage];
-  if (info.slots++ == 0) {
-    info.pin.emplace(t.storage().getWeakStorageImpl());
-  }
-  if (info.held++ == 0) {
-    info.nbytes = t.storage().nbytes();
-    bytes_ += info.nbytes;
-  }
-  watch(info, t);
-}
-
-void OpCache::unhold(Slot& slot) {
-  slot.held = at::Tensor();
-  if (slot.storage == nullptr) {
-    return;
-  }
-  StorageInfo& info = storages_.at(slot.storage);
-  if (--info.held == 0) {
-    bytes_ -= info.nbytes;
-  }
-}
-
-void OpCache::release(Slot& slot) {
-  if (slot.held.defined()) {
-    unhold(slot);
-  }
-  if (slot.storage != nullptr) {
-    auto it = storages_.find(slot.storage);
-    TORCH_INTERNAL_ASSERT(it != storages_.end());
-    if (--it->second.slots == 0) {
-      storages_.erase(it);
-    }
-    slot.storage = nullptr;
-  }
-  slot.stashed.reset();
-  slot.copy = at::Tensor();
-  slot.incoming.reset();
-}
-
-void OpCache::offload(Slot& slot, CopyTarget& target) {
-  // The copy's own ops belong to no region, and autograd records none.
-  dispatch::IsolationGuard isolated;
-  c10::AutoGradMode no_grad(false);
-  slot.from = CopiedFrom::of(slot.held);
-  slot.copy = target.copy_out(slot.held);
-  unhold(slot);
-}
-
 void OpCache::keep(Call& call, const std::vector<at::Tensor>& tensors,
                    std::shared_ptr<CopyTarget> offload_to) {
   for (size_t i = 0; i < tensors.size(); ++i) {
-    call.slots[i].returned.reset();
-    hold(call.slots[i], tensors[i]);
+    call.slots[i].hold(tensors[i], storages_);
   }
   if (offload_to != nullptr) {
     for (auto& slot : call.slots) {
       if (offload_to->accepts(slot.held)) {
-        offload(slot, *offload_to);
+        slot.offload(*offload_to, storages_);
       }
     }
     call.target = std::move(offload_to);
@@ -225,8 +135,8 @@ void OpCache::append_saved(const c10::OperatorHandle& op,
   keep(call, tensors, std::move(offload_to));
   call.generator = std::move(generator);
   if (track_producers_) {
-    note_producer(op, calls.size(), tensors);
-    latest_outputs_.clear();
+    producers_.note(op, calls.size(), tensors);
+    producers_.drop_latest();
   }
   calls.push_back(std::move(call));
 }
@@ -237,27 +147,20 @@ void OpCache::watch_aliases(c10::ArrayRef<c10::IValue> values) {
   }
   for (const auto& value : values) {
     for_each_tensor(value, [&](const at::Tensor& t) {
-      if (!t.has_storage()) {
-        return;
-      }
-      const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-      if (auto kept = storages_.find(storage); kept != storages_.end()) {
-        watch(kept->second, t);
-      } else if (auto produced = producers_.find(storage); produced != producers_.end()) {
-        produced->second.aliases.emplace_back(t);
+      if (!storages_.watch(t)) {
+        producers_.watch(t);
       }
     });
   }
 }
 
 std::optional<OpCache::Producer> OpCache::producer_of(const at::Tensor& t) const {
-  // The pin keeps a freed storage's address from naming another one.
-  const auto it = producers_.find(slot_storage(t));
-  if (it == producers_.end()) {
+  const auto producer = producers_.of(t);
+  if (!producer.has_value()) {
     return std::nullopt;
   }
-  const Call& call = calls_.at(it->second.op).at(it->second.call);
-  return Producer{it->second.op, it->second.call, call.state == Call::State::Saved};
+  const Call& call = calls_.at(producer->op).at(producer->index);
+  return Producer{producer->op, producer->index, call.state == Call::State::Saved};
 }
 
 std::optional<std::string> OpCache::keep_late(const Producer& producer,
@@ -278,23 +181,15 @@ std::optional<std::string> OpCache::keep_late(const Producer& producer,
       return c10::str("its output ", index, " was modified in place (",
                       own_change(slot.version), ")");
     }
-    if (const auto produced = producers_.find(slot_storage(t)); produced != producers_.end()) {
-      for (const auto& alias : produced->second.aliases) {
-        if (alias.changed()) {
-          return c10::str("its output ", index, " was modified in place ",
-                          kThroughAnotherTensor);
-        }
-      }
+    if (t.has_storage() && producers_.aliases_modified(t.storage().unsafeGetStorageImpl())) {
+      return c10::str("its output ", index, " was modified in place ", kThroughAnotherTensor);
     }
     tensors.push_back(std::move(t));
   }
   keep(call, tensors, std::move(offload_to));
   for (const Slot& slot : call.slots) {
-    if (const auto produced = producers_.find(slot.storage); produced != producers_.end()) {
-      auto& watches = storages_.at(slot.storage).watches;
-      auto& aliases = produced->second.aliases;
-      watches.insert(watches.end(), aliases.begin(), aliases.end());
-      aliases.clear();
+    if (slot.storage != nullptr) {
+      storages_.watch(slot.storage, producers_.take_aliases(slot.storage));
     }
   }
   return std::nullopt;
@@ -306,7 +201,7 @@ void OpCache::recompute_late(const Producer& producer) {
   TORCH_INTERNAL_ASSERT(call.state == Call::State::Saved);
   for (const Slot& slot : call.slots) {
     if (slot.storage != nullptr) {
-      producers_.erase(slot.storage);
+      producers_.forget(slot.storage);
     }
   }
   drop(call);
@@ -316,7 +211,6 @@ void OpCache::recompute_late(const Producer& producer) {
 void OpCache::stop_tracking() {
   track_producers_ = false;
   producers_.clear();
-  latest_outputs_.clear();
   for (auto& [op, calls] : calls_) {
     for (auto& call : calls) {
       if (call.state == Call::State::Recompute) {
@@ -333,13 +227,8 @@ std::optional<std::pair<size_t, std::string>> OpCache::first_modified(
     if (slot.version.changed()) {
       return std::make_pair(index, own_change(slot.version));
     }
-    if (slot.storage == nullptr) {
-      continue;
-    }
-    for (const auto& other : storages_.at(slot.storage).watches) {
-      if (other.changed()) {
-        return std::make_pair(index, std::string(kThroughAnotherTensor));
-      }
+    if (storages_.modified(slot.storage)) {
+      return std::make_pair(index, std::string(kThroughAnotherTensor));
     }
   }
   return std::nullopt;
@@ -387,15 +276,11 @@ OpCache::Summary OpCache::summary() const {
         continue;
       }
       const bool offloaded = std::any_of(call.slots.begin(), call.slots.end(),
-                                         [](const Slot& slot) { return slot.copy.defined(); });
+                                         [](const Slot& slot) { return slot.offloaded(); });
       ++(offloaded ? summary.offloaded_calls : summary.kept_calls);
     }
   }
-  for (const auto& [storage, info] : storages_) {
-    if (info.slots > 0 && info.held == 0) {
-      summary.offloaded_bytes += static_cast<int64_t>(info.nbytes);
-    }
-  }
+  summary.offloaded_bytes = storages_.bytes_off_device();
   return summary;
 }
 
@@ -407,12 +292,9 @@ void OpCache::stash(TensorStash& stash) {
         continue;
       }
       for (auto& slot : call.slots) {
-        if (!slot.held.defined()) {
-          continue;  // offloaded, or stashed already
+        if (slot.held.defined()) {  // not offloaded, nor stashed already
+          slot.stash(stash, storages_);
         }
-        slot.stashed = stash.hooks();
-        slot.stashed->call_pack_hook(slot.held);
-        unhold(slot);
       }
     }
   }
@@ -424,49 +306,28 @@ void OpCache::prefetch() {
   if (recording_) {
     return;
   }
-  dispatch::IsolationGuard isolated;
-  c10::AutoGradMode no_grad(false);
   for (auto& [op, calls] : calls_) {
     for (auto& call : calls) {
       if (call.state != Call::State::Saved || call.target == nullptr) {
         continue;
       }
       for (auto& slot : call.slots) {
-        if (slot.copy.defined() && slot.incoming == nullptr) {
-          slot.incoming = call.target->start_copy_back(slot.copy, slot.from);
-        }
+        slot.start_copy_back(*call.target);
       }
     }
   }
 }
 
 std::vector<c10::IValue> OpCache::outputs_of(Call& call, bool consume) {
-  std::optional<dispatch::IsolationGuard> isolated;
-  std::optional<c10::AutoGradMode> no_grad;
-  size_t index = 0;
-  auto tensor_of = [&](const at::Tensor&) -> at::Tensor {
-    Slot& slot = call.slots.at(index++);
-    if (slot.held.defined()) {
-      return consume ? slot.held : detached_alias(slot.held);
-    }
-    if (slot.stashed != nullptr) {
-      return slot.stashed->call_unpack_hook();
-    }
-    if (!isolated.has_value()) {
-      isolated.emplace();
-      no_grad.emplace(false);
-    }
-    if (slot.incoming != nullptr) {
-      return std::exchange(slot.incoming, nullptr)->take();
-    }
-    return call.target->copy_back(slot.copy, slot.from);
-  };
+  size_t slot = 0;
   size_t position = 0;
   std::vector<c10::IValue> outputs;
   outputs.reserve(call.outputs.size());
   for (const auto& output : call.outputs) {
-    outputs.push_back(map_tensors(output, [&](const at::Tensor& placeholder) {
-      return call.defined.at(position++) ? tensor_of(placeholder) : at::Tensor();
+    outputs.push_back(map_tensors(output, [&](const at::Tensor&) {
+      return call.defined.at(position++)
+                 ? call.slots.at(slot++).tensor(consume, call.target.get())
+                 : at::Tensor();
     }));
   }
   return outputs;
@@ -537,15 +398,13 @@ void OpCache::clear() {
   calls_.clear();
   storages_.clear();
   producers_.clear();
-  latest_outputs_.clear();
-  bytes_ = 0;
   saved_calls_ = 0;
   collectives_.clear();
 }
 
 void OpCache::drop(Call& call) {
   for (auto& slot : call.slots) {
-    release(slot);
+    slot.release(storages_);
   }
   call.outputs.clear();
   call.defined.clear();

@@ -5,19 +5,22 @@
 // *recompute*. The recomputation addresses a call by (op, call index), so the
 // forward's decisions replay exactly. The cache knows nothing of checkpoint
 // frames or policies; it holds values and checks that they are still the
-// values that were stored.
+// values that were stored. Its parts: where each kept tensor is (Slot, which
+// also moves it to a copy target or a stash and back), the storages under
+// them (CachedStorages: bytes and version counters), and, for late
+// decisions, which call returned each storage (Producers).
 #pragma once
 
-#include <sac/cache/internal/collective_ledger.h>
 #include <sac/base/copy_target.h>
 #include <sac/base/internal/stash.h>
-#include <sac/base/internal/version_watch.h>
+#include <sac/cache/internal/cached_storages.h>
+#include <sac/cache/internal/collective_ledger.h>
+#include <sac/cache/internal/producers.h>
+#include <sac/cache/internal/slot.h>
 
 #include <ATen/core/Generator.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
-#include <c10/core/StorageImpl.h>
-#include <c10/util/intrusive_ptr.h>
 
 #include <cstdint>
 #include <memory>
@@ -165,7 +168,7 @@ class OpCache {
   // (each storage counted once, however many cached tensors share it).
   // Offloaded and stashed outputs are not counted: the target and the
   // stash hold those.
-  size_t bytes() const { return bytes_; }
+  size_t bytes() const { return storages_.bytes(); }
   // Saved calls whose outputs have not been handed out yet.
   size_t saved_calls() const { return saved_calls_; }
   // Saved calls turned into recompute calls by end_recording.
@@ -184,25 +187,6 @@ class OpCache {
   Summary summary() const;
 
  private:
-  // One tensor among a call's outputs, and where it is now.
-  struct Slot {
-    explicit Slot(const at::Tensor& t) : version(t) {}
-    VersionWatch version;  // the output's own counter, since the op returned
-    const c10::StorageImpl* storage = nullptr;  // its key in storages_, if any
-    // Not kept: the recompute call's output, while keep_late may still keep
-    // it (tracking producers) ...
-    std::optional<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> returned;
-    // ... or kept on its device (a detached alias) ...
-    at::Tensor held;
-    // Or stashed (sac/base/internal/stash.h) ...
-    std::unique_ptr<torch::autograd::SavedVariableHooks> stashed;
-    // ... or offloaded: the copy in the call's target, what it was copied
-    // from, and its copy back once prefetch() started it.
-    at::Tensor copy;
-    CopiedFrom from;
-    std::unique_ptr<IncomingCopy> incoming;
-  };
-
   struct Call {
     // Saved (with its outputs) or Recompute (with the structure of its
     // outputs and weak slots while producers are tracked).
@@ -227,63 +211,21 @@ class OpCache {
   // `offload_to` accepts: the call is saved from now on.
   void keep(Call& call, const std::vector<at::Tensor>& tensors,
             std::shared_ptr<CopyTarget> offload_to);
-  // Remembers call `index` of `op` as the producer of the storages of
-  // `tensors`, its outputs.
-  void note_producer(const c10::OperatorHandle& op, size_t index,
-                     c10::ArrayRef<at::Tensor> tensors);
   // Forgets what only late decisions needed.
   void stop_tracking();
   void demote_modified();
-  void offload(Slot& slot, CopyTarget& target);
-  // The call's outputs with each slot's tensor: the held ones as new
-  // aliases (`consume`: moved out), the prefetched ones taken, the others
-  // copied back.
+  // The call's outputs with each slot's tensor (see Slot::tensor).
   std::vector<c10::IValue> outputs_of(Call& call, bool consume);
-  void hold(Slot& slot, const at::Tensor& t);
-  // The slot's tensor leaves the device (stashed, offloaded or served).
-  void unhold(Slot& slot);
-  void release(Slot& slot);
   void drop(Call& call);
-
-  std::unordered_map<c10::OperatorHandle, std::vector<Call>> calls_;
-  // Per storage of a slot (held, stashed or offloaded).
-  struct StorageInfo {
-    size_t slots = 0;   // slots on it
-    size_t held = 0;    // of which hold it on the device
-    size_t nbytes = 0;  // its size when first held
-    // Every version counter known on it, one watch each: the cached tensors'
-    // own and their aliases' (see watch_aliases). A change through any of
-    // them changes the memory every cached tensor on it reads.
-    std::vector<VersionWatch> watches;
-    // Keeps the key's address from being reused by another storage after
-    // the device memory is gone (stashed or offloaded slots).
-    std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> pin;
-  };
-  void watch(StorageInfo& info, const at::Tensor& t);
-
   // The first tensor of `call` modified since it was stored: its index and
   // how, or nullopt.
   std::optional<std::pair<size_t, std::string>> first_modified(const Call& call) const;
 
-  std::unordered_map<const c10::StorageImpl*, StorageInfo> storages_;
-
-  // Per storage of a tracked call's output: that call. Pinned as in
-  // StorageInfo. `aliases` are the watches of watch_aliases for storages not
-  // kept yet; keep_late hands them to StorageInfo.
-  struct ProducerInfo {
-    c10::OperatorHandle op;
-    size_t call;
-    c10::weak_intrusive_ptr<c10::StorageImpl> pin;
-    std::vector<VersionWatch> aliases;
-  };
-  std::unordered_map<const c10::StorageImpl*, ProducerInfo> producers_;
+  std::unordered_map<c10::OperatorHandle, std::vector<Call>> calls_;
+  CachedStorages storages_;
+  Producers producers_;  // while tracking producers
   bool track_producers_ = false;
-  // The outputs of the latest call, if it was recomputed (see
-  // append_recompute).
-  std::vector<at::Tensor> latest_outputs_;
-
   bool recording_ = false;
-  size_t bytes_ = 0;
   size_t saved_calls_ = 0;
   size_t demoted_calls_ = 0;
   CollectiveLedger collectives_;

@@ -1,0 +1,71 @@
+// The storages under the tensors an OpCache keeps, each counted once however
+// many cached tensors share it.
+//
+// Per storage: how many of the cache's slots are on it, how many of those
+// keep its memory on the device (the cache's bytes), and every version
+// counter known on it. Tensors on one storage can have counters of their
+// own (aten::_unsafe_view returns one), so a change through any of them
+// changes what every cached tensor on it reads. A storage whose memory has
+// left the device (stashed or offloaded) is pinned by a weak reference, so
+// that its address names no other storage while the cache knows it.
+#pragma once
+
+#include <sac/base/internal/version_watch.h>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+namespace sac {
+
+class CachedStorages {
+ public:
+  // A slot on `t`'s storage that keeps it on the device: counts its bytes
+  // the first time and watches `t`'s counter. Returns the storage's key,
+  // null for a tensor without storage (nothing counted).
+  const c10::StorageImpl* hold(const at::Tensor& t);
+  // A slot on `storage` no longer keeps it on the device (stashed,
+  // offloaded or served); the bytes go when no slot does.
+  void unhold(const c10::StorageImpl* storage);
+  // A slot on `storage` (no longer holding it) is gone; the storage is
+  // forgotten with its last slot.
+  void release(const c10::StorageImpl* storage);
+
+  // Watches `t`'s version counter if `t` lies on a storage known here;
+  // false otherwise.
+  bool watch(const at::Tensor& t);
+  // Adds counters seen on `storage` before it was known here.
+  void watch(const c10::StorageImpl* storage, const std::vector<VersionWatch>& watches);
+  // Whether a tensor on `storage` was modified in place through any counter
+  // known on it.
+  bool modified(const c10::StorageImpl* storage) const;
+
+  // Bytes of the storages some slot keeps on the device.
+  size_t bytes() const { return bytes_; }
+  // Bytes of the storages no slot keeps on the device (all offloaded or
+  // stashed).
+  int64_t bytes_off_device() const;
+  bool empty() const { return storages_.empty(); }
+  void clear();
+
+ private:
+  struct Info {
+    size_t slots = 0;   // slots on it
+    size_t held = 0;    // of which keep it on the device
+    size_t nbytes = 0;  // its size when first held
+    std::vector<VersionWatch> watches;  // one per counter known on it
+    std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> pin;
+  };
+  static void add_watch(Info& info, const VersionWatch& watch);
+
+  std::unordered_map<const c10::StorageImpl*, Info> storages_;
+  size_t bytes_ = 0;
+};
+
+}  // namespace sac

@@ -1,0 +1,72 @@
+#include <sac/cache/internal/slot.h>
+
+#include <sac/base/internal/detached_alias.h>
+#include <sac/dispatch/internal/interceptor.h>
+
+#include <c10/core/GradMode.h>
+
+#include <utility>
+
+namespace sac {
+
+void Slot::hold(const at::Tensor& t, CachedStorages& storages) {
+  returned.reset();
+  held = detached_alias(t);
+  storage = storages.hold(t);
+}
+
+void Slot::unhold(CachedStorages& storages) {
+  held = at::Tensor();
+  storages.unhold(storage);
+}
+
+void Slot::offload(CopyTarget& target, CachedStorages& storages) {
+  // The copy's own ops belong to no region, and autograd records none.
+  dispatch::IsolationGuard isolated;
+  c10::AutoGradMode no_grad(false);
+  from = CopiedFrom::of(held);
+  copy = target.copy_out(held);
+  unhold(storages);
+}
+
+void Slot::stash(TensorStash& stash, CachedStorages& storages) {
+  stashed = stash.hooks();
+  stashed->call_pack_hook(held);
+  unhold(storages);
+}
+
+void Slot::start_copy_back(CopyTarget& target) {
+  if (offloaded() && incoming == nullptr) {
+    dispatch::IsolationGuard isolated;
+    c10::AutoGradMode no_grad(false);
+    incoming = target.start_copy_back(copy, from);
+  }
+}
+
+at::Tensor Slot::tensor(bool consume, CopyTarget* target) {
+  if (held.defined()) {
+    return consume ? held : detached_alias(held);
+  }
+  if (stashed != nullptr) {
+    return stashed->call_unpack_hook();
+  }
+  dispatch::IsolationGuard isolated;
+  c10::AutoGradMode no_grad(false);
+  if (incoming != nullptr) {
+    return std::exchange(incoming, nullptr)->take();
+  }
+  return target->copy_back(copy, from);
+}
+
+void Slot::release(CachedStorages& storages) {
+  if (held.defined()) {
+    unhold(storages);
+  }
+  storages.release(storage);
+  storage = nullptr;
+  stashed.reset();
+  copy = at::Tensor();
+  incoming.reset();
+}
+
+}  // namespace sac
