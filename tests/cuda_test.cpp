@@ -6,8 +6,8 @@
 // why) where no GPU is available, as on CI.
 #include "support.h"
 
-#include <sac/offload/offload.h>
 #include <sac/dispatch/internal/interceptor.h>
+#include <sac/offload/offload.h>
 
 #include <ATen/autocast_mode.h>
 

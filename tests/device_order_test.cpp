@@ -4,8 +4,8 @@
 // order PyTorch's caching allocator needs (issue 22).
 #include "support.h"
 
-#include <sac/offload/offload.h>
 #include <sac/base/internal/device_ops.h>
+#include <sac/offload/offload.h>
 
 #include <ATen/EmptyTensor.h>
 

@@ -3,8 +3,8 @@
 // across exceptions.
 #include "support.h"
 
-#include <sac/policy/internal/op_names.h>
 #include <sac/dispatch/internal/interceptor.h>
+#include <sac/policy/internal/op_names.h>
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
 

@@ -5,8 +5,8 @@
 
 #include "examples/host_arena.h"
 
-#include <sac/nn/checkpoint_wrapper.h>
 #include <sac/cache/internal/op_cache.h>
+#include <sac/nn/checkpoint_wrapper.h>
 
 #include <functional>
 #include <memory>

@@ -4,9 +4,9 @@
 // changes to cached values, and random ops.
 #include "support.h"
 
+#include <sac/cache/internal/op_cache.h>
 #include <sac/policy/internal/op_names.h>
 #include <sac/policy/internal/op_traits.h>
-#include <sac/cache/internal/op_cache.h>
 
 #include <torch/library.h>
 

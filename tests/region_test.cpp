@@ -3,8 +3,8 @@
 // autograd. Gradients must be bit-identical to the plain run.
 #include "support.h"
 
-#include <sac/dispatch/internal/interceptor.h>
 #include <sac/cache/internal/op_cache.h>
+#include <sac/dispatch/internal/interceptor.h>
 
 #include <thread>
 

@@ -3,10 +3,10 @@
 // explain, passes and served calls in backward.
 #include "support.h"
 
+#include <sac/dispatch/internal/interceptor.h>
 #include <sac/lab/budget.h>
 #include <sac/lab/explain.h>
 #include <sac/lab/profile.h>
-#include <sac/dispatch/internal/interceptor.h>
 
 #include <sstream>
 

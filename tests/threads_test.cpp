@@ -4,9 +4,9 @@
 // threads. Every gradient is bit-identical to the un-checkpointed run.
 #include "support.h"
 
-#include <sac/offload/offload.h>
 #include <sac/base/internal/stash.h>
 #include <sac/dispatch/internal/interceptor.h>
+#include <sac/offload/offload.h>
 
 #include <ATen/ThreadLocalState.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>

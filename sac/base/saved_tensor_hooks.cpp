@@ -1,9 +1,9 @@
 #include <sac/base/internal/saved_tensor_hooks.h>
 
 #include <sac/base/internal/check.h>
-#include <sac/dispatch/internal/interceptor.h>
-#include <sac/dispatch/internal/carried.h>
 #include <sac/base/internal/stash.h>
+#include <sac/dispatch/internal/carried.h>
+#include <sac/dispatch/internal/interceptor.h>
 
 #include <torch/csrc/autograd/engine.h>
 

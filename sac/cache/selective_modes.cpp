@@ -2,9 +2,9 @@
 
 #include <sac/base/internal/generators.h>
 
+#include <sac/base/internal/stash.h>
 #include <sac/dispatch/internal/boxed.h>
 #include <sac/policy/internal/op_traits.h>
-#include <sac/base/internal/stash.h>
 
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>

@@ -1,10 +1,10 @@
 #include <sac/checkpoint/internal/frame.h>
 
 #include <sac/base/internal/check.h>
+#include <sac/base/internal/version_watch.h>
 #include <sac/checkpoint/graph_exec_group.h>
 #include <sac/checkpoint/internal/profiler_scope.h>
 #include <sac/dispatch/internal/interceptor.h>
-#include <sac/base/internal/version_watch.h>
 
 #include <ATen/core/grad_mode.h>
 #include <c10/util/irange.h>

@@ -1,8 +1,8 @@
 #include <sac/checkpoint/internal/function_rerun.h>
 
 #include <sac/base/internal/check.h>
-#include <sac/checkpoint/internal/frame.h>
 #include <sac/base/internal/saved_tensor_hooks.h>
+#include <sac/checkpoint/internal/frame.h>
 
 #include <ATen/core/grad_mode.h>
 #include <c10/util/irange.h>

@@ -1,8 +1,8 @@
 #include <sac/checkpoint/region.h>
 
 #include <sac/base/internal/check.h>
-#include <sac/checkpoint/internal/frame_setup.h>
 #include <sac/checkpoint/internal/forward_scope.h>
+#include <sac/checkpoint/internal/frame_setup.h>
 #include <sac/checkpoint/scope.h>
 #include <sac/dispatch/internal/interceptor.h>
 #include <sac/record/internal/recorder.h>

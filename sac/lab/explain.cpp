@@ -1,8 +1,8 @@
 #include <sac/lab/explain.h>
 
+#include <sac/base/context.h>
 #include <sac/cache/internal/op_cache.h>
 #include <sac/cache/selective_modes.h>
-#include <sac/base/context.h>
 
 #include <iomanip>
 #include <optional>

@@ -1,10 +1,10 @@
 #include <sac/lab/profile.h>
 
+#include <sac/base/internal/version_watch.h>
 #include <sac/cache/internal/new_storages.h>
 #include <sac/dispatch/internal/boxed.h>
 #include <sac/dispatch/internal/interceptor.h>
 #include <sac/policy/internal/op_traits.h>
-#include <sac/base/internal/version_watch.h>
 
 #include <c10/core/StorageImpl.h>
 #include <c10/util/Exception.h>

@@ -1,10 +1,10 @@
 #include <sac/offload/offload.h>
 
-#include <sac/base/internal/saved_tensor_hooks.h>
-#include <sac/dispatch/internal/interceptor.h>
 #include <sac/base/internal/detached_alias.h>
+#include <sac/base/internal/saved_tensor_hooks.h>
 #include <sac/base/internal/stash.h>
 #include <sac/base/internal/version_watch.h>
+#include <sac/dispatch/internal/interceptor.h>
 
 #include <c10/core/GradMode.h>
 #include <c10/core/StorageImpl.h>

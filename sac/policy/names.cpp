@@ -1,6 +1,7 @@
 #include <sac/policy/names.h>
 
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 
 #include <algorithm>
 #include <unordered_map>
@@ -44,18 +45,16 @@ class NameRule final : public Policy::Rule {
   CheckpointPolicy otherwise_;
 };
 
-// Adds `names` to `answers` with `answer`, checking each, and to `listing`.
+// Adds `names` to `answers` with `answer`, checking each.
 void add_names(const char* factory, const std::vector<std::string>& names,
                CheckpointPolicy answer,
-               std::unordered_map<std::string, CheckpointPolicy>& answers,
-               std::string& listing) {
+               std::unordered_map<std::string, CheckpointPolicy>& answers) {
   for (const auto& name : names) {
     TORCH_CHECK(!name.empty(), "sac::", factory, " got an empty name; list the names "
                 "given to sac::tag.");
     const auto [it, added] = answers.emplace(name, answer);
     TORCH_CHECK(added || it->second == answer, "sac::", factory, ": the name '", name,
                 "' is listed both to save and to offload. List it once.");
-    listing += (listing.back() == '(' || listing.back() == '[' ? "" : ", ") + name;
   }
 }
 
@@ -65,9 +64,9 @@ Policy save_only_these_names(const std::vector<std::string>& names) {
   TORCH_CHECK(!names.empty(), "sac::save_only_these_names got no names, which would "
               "save nothing; say sac::nothing_saveable() if that is meant.");
   std::unordered_map<std::string, CheckpointPolicy> answers;
-  std::string listing = "save_only_these_names(";
-  add_names("save_only_these_names", names, CheckpointPolicy::MustSave, answers, listing);
-  return Policy(std::make_shared<NameRule>(listing + ")", std::move(answers),
+  add_names("save_only_these_names", names, CheckpointPolicy::MustSave, answers);
+  return Policy(std::make_shared<NameRule>("save_only_these_names(" + c10::Join(", ", names) + ")",
+                                           std::move(answers),
                                            CheckpointPolicy::PreferRecompute));
 }
 
@@ -77,22 +76,21 @@ Policy save_and_offload_only_these_names(const std::vector<std::string>& save,
               "got no names, which would keep nothing; say sac::nothing_saveable() if "
               "that is meant.");
   std::unordered_map<std::string, CheckpointPolicy> answers;
-  std::string listing = "save_and_offload_only_these_names(save=[";
-  add_names("save_and_offload_only_these_names", save, CheckpointPolicy::MustSave, answers,
-            listing);
-  listing += "], offload=[";
+  add_names("save_and_offload_only_these_names", save, CheckpointPolicy::MustSave, answers);
   add_names("save_and_offload_only_these_names", offload, CheckpointPolicy::MustCpuOffload,
-            answers, listing);
-  return Policy(std::make_shared<NameRule>(listing + "])", std::move(answers),
+            answers);
+  return Policy(std::make_shared<NameRule>("save_and_offload_only_these_names(save=[" +
+                                               c10::Join(", ", save) + "], offload=[" +
+                                               c10::Join(", ", offload) + "])",
+                                           std::move(answers),
                                            CheckpointPolicy::PreferRecompute));
 }
 
 Policy save_any_names_but_these(const std::vector<std::string>& names) {
   std::unordered_map<std::string, CheckpointPolicy> answers;
-  std::string listing = "save_any_names_but_these(";
-  add_names("save_any_names_but_these", names, CheckpointPolicy::PreferRecompute, answers,
-            listing);
-  return Policy(std::make_shared<NameRule>(listing + ")", std::move(answers),
+  add_names("save_any_names_but_these", names, CheckpointPolicy::PreferRecompute, answers);
+  return Policy(std::make_shared<NameRule>("save_any_names_but_these(" + c10::Join(", ", names) + ")",
+                                           std::move(answers),
                                            CheckpointPolicy::MustSave));
 }
 

@@ -1,6 +1,7 @@
 #include <sac/policy/internal/op_names.h>
 
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 
 #include <algorithm>
 #include <numeric>
@@ -48,19 +49,11 @@ std::vector<c10::OperatorHandle> overloads_of(const std::string& base) {
   return found;
 }
 
-std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& item : items) {
-    out += (out.empty() ? "" : ", ") + item;
-  }
-  return out;
-}
-
 [[noreturn]] void fail_unknown(std::string_view text) {
   C10_THROW_ERROR(Error, c10::str(
       "sac: no operator named '", text,
       "' is registered. Closest registered names: ",
-      join(closest_op_names(text, 5)),
+      c10::Join(", ", closest_op_names(text, 5)),
       ". Check the spelling, and that the library defining a custom op is "
       "loaded before the policy is built."));
 }
@@ -126,7 +119,7 @@ std::vector<c10::OperatorHandle> resolve_op_name(std::string_view text) {
   }
   C10_THROW_ERROR(Error, c10::str(
       "sac: '", text, "' names an op with several overloads and no default "
-      "one: ", join(names), ". Name the overload you mean (for example \"",
+      "one: ", c10::Join(", ", names), ". Name the overload you mean (for example \"",
       names.front(), "\"), or all of them with \"", base, ".*\"."));
 }
 

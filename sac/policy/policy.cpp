@@ -5,6 +5,7 @@
 #include <sac/policy/internal/op_traits.h>
 
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 
 #include <algorithm>
 
@@ -93,11 +94,8 @@ class OpListRule final : public Policy::Rule {
 };
 
 // "prefix(name, name, ...)" with the names as written.
-std::string listing(std::string prefix, const std::vector<std::string>& names) {
-  for (size_t i = 0; i < names.size(); ++i) {
-    prefix += (i == 0 ? "" : ", ") + names[i];
-  }
-  return prefix + ")";
+std::string listing(const std::string& prefix, const std::vector<std::string>& names) {
+  return prefix + c10::Join(", ", names) + ")";
 }
 
 class CallbackRule final : public Policy::Rule {

@@ -13,11 +13,11 @@
 // (the contexts and their cache, the saved inputs) go with it.
 #pragma once
 
+#include <sac/base/context.h>
+#include <sac/base/internal/saved_tensor_hooks.h>
 #include <sac/checkpoint/internal/debug_log.h>
 #include <sac/checkpoint/internal/device_state.h>
 #include <sac/checkpoint/internal/recomputation.h>
-#include <sac/base/internal/saved_tensor_hooks.h>
-#include <sac/base/context.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>

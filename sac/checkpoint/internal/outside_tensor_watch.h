@@ -19,8 +19,8 @@
 // or out= ops): a read by an in-place op (h.add_(buf)) is not checked there.
 #pragma once
 
-#include <sac/dispatch/internal/interceptor.h>
 #include <sac/base/internal/version_watch.h>
+#include <sac/dispatch/internal/interceptor.h>
 
 #include <unordered_map>
 
