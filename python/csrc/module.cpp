@@ -1,0 +1,120 @@
+// sac._C: sac's selective checkpointing modes and policies as a Python
+// module. python/sac/__init__.py is its front: it turns PyTorch's arguments
+// (op overloads, policy functions) into these.
+#include "python_policy.h"
+
+#include <sac/sac.h>
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace sac::python {
+namespace {
+
+// One of the two modes as a Python context manager, which is what
+// torch.utils.checkpoint's context_fn returns. An exit without an entry is
+// an error here, not a corrupted mode stack.
+class Mode {
+ public:
+  Mode(std::shared_ptr<RegionContext> context, std::string name)
+      : context_(std::move(context)), name_(std::move(name)) {}
+
+  void enter() {
+    context_->enter();
+    ++entered_;
+  }
+  void exit() {
+    TORCH_CHECK(entered_ > 0, "sac: the ", name_,
+                " mode was exited without being entered; use it as a context manager "
+                "(`with mode:`) or call __enter__ before __exit__.");
+    --entered_;
+    context_->exit();
+  }
+  const std::string& name() const { return name_; }
+
+ private:
+  std::shared_ptr<RegionContext> context_;
+  std::string name_;
+  int entered_ = 0;
+};
+
+py::tuple contexts(const Policy& policy, bool allow_cache_entry_mutation) {
+  SelectiveCheckpointContexts pair =
+      create_selective_checkpoint_contexts(policy, allow_cache_entry_mutation);
+  return py::make_tuple(Mode(pair.caching, "caching"), Mode(pair.cached, "cached"));
+}
+
+}  // namespace
+}  // namespace sac::python
+
+PYBIND11_MODULE(_C, m) {
+  using namespace sac;
+  using sac::python::Mode;
+  m.doc() = "sac's C++ modes and policies; use the sac package, not this module.";
+
+  py::class_<Policy>(m, "Policy", "Which op calls to save, recompute or offload.")
+      .def("describe", &Policy::describe)
+      .def("__repr__", [](const Policy& p) { return "sac.Policy(" + p.describe() + ")"; });
+
+  py::class_<Mode>(m, "Mode", "One of sac's two modes, as a context manager.")
+      .def("__enter__", [](Mode& mode) -> Mode& {
+             mode.enter();
+             return mode;
+           }, py::return_value_policy::reference)
+      .def("__exit__", [](Mode& mode, py::args) {
+        mode.exit();
+        return false;
+      })
+      .def("__repr__", [](const Mode& mode) { return "<sac " + mode.name() + " mode>"; });
+
+  m.def("create_selective_checkpoint_contexts", &sac::python::contexts,
+        py::arg("policy"), py::arg("allow_cache_entry_mutation") = false);
+
+  // Policies.
+  m.def("save_ops", &Policy::save_ops, py::arg("op_names"));
+  m.def("answer_ops",
+        [](const std::vector<std::string>& names, py::handle answer) {
+          return Policy::answer_ops(names,
+                                    sac::python::checkpoint_policy_from_python(answer));
+        },
+        py::arg("op_names"), py::arg("answer"));
+  m.def("policy_from_fn", &sac::python::policy_from_python, py::arg("policy_fn"));
+
+  // Presets (sac/policy/presets.h).
+  m.def("nothing_saveable", &nothing_saveable);
+  m.def("everything_saveable", &everything_saveable);
+  m.def("compute_intensive_ops", &compute_intensive_ops);
+  m.def("torchtitan_default", &torchtitan_default);
+  m.def("dots_saveable", &dots_saveable);
+  m.def("dots_with_no_batch_dims_saveable", &dots_with_no_batch_dims_saveable);
+  m.def("offload_dot_with_no_batch_dims", &offload_dot_with_no_batch_dims);
+  m.def("outputs_larger_than", &outputs_larger_than, py::arg("bytes"));
+  m.def("never_recompute_collectives", &never_recompute_collectives);
+
+  // Combinators (sac/policy/combinators.h).
+  m.def("any_of", &any_of, py::arg("policies"));
+  m.def("all_of", &all_of, py::arg("policies"));
+  m.def("except_", &sac::except, py::arg("policy"), py::arg("excluded"));
+  m.def("every_nth", &every_nth, py::arg("op_name"), py::arg("n"));
+  m.def("offload_if",
+        py::overload_cast<Policy, int64_t>(&offload_if), py::arg("policy"),
+        py::arg("min_bytes"));
+
+  // Named values (sac/policy/tag.h, names.h).
+  m.def("tag", &tag, py::arg("tensor"), py::arg("name"));
+  m.def("save_only_these_names", &save_only_these_names, py::arg("names"));
+  m.def("save_and_offload_only_these_names", &save_and_offload_only_these_names,
+        py::arg("save"), py::arg("offload"));
+  m.def("save_any_names_but_these", &save_any_names_but_these, py::arg("names"));
+
+  m.def("mechanism", [] { return std::string(dispatch::to_string(dispatch::mechanism())); },
+        "How sac sits below autograd: per-op kernels or the fallback key (SAC_DISPATCH).");
+}

@@ -1,0 +1,118 @@
+"""sac: selective activation checkpointing in C++, for PyTorch.
+
+    import torch
+    from torch.utils.checkpoint import checkpoint
+    import sac
+
+    ops = [torch.ops.aten.mm.default, torch.ops.aten.addmm.default]
+    y = checkpoint(block, x, use_reentrant=False, context_fn=sac.context_fn(ops))
+
+`sac.create_selective_checkpoint_contexts` takes PyTorch's arguments and means
+what PyTorch's does; its two modes are sac's C++ kernels below autograd
+instead of Python TorchDispatchModes, so a listed or unlisted op costs no trip
+into the interpreter. A policy is an op list, a Python function
+`policy_fn(ctx, op, *args, **kwargs)` returning a
+`torch.utils.checkpoint.CheckpointPolicy` or a bool, or one of sac's own
+policies (`save_ops`, the presets, the combinators, the name policies),
+which run in C++ throughout.
+"""
+import functools
+
+import torch
+from torch.utils.checkpoint import CheckpointPolicy
+
+from . import _built_with
+
+if torch.__version__ != _built_with.torch_version:
+    raise ImportError(
+        f"sac was built against torch {_built_with.torch_version} but runs beside torch "
+        f"{torch.__version__}; reinstall it: pip install --no-build-isolation ./python")
+
+from . import _C  # noqa: E402  (after torch: libtorch must be loaded first)
+from ._C import (  # noqa: E402,F401
+    Policy,
+    all_of,
+    any_of,
+    compute_intensive_ops,
+    dots_saveable,
+    dots_with_no_batch_dims_saveable,
+    everything_saveable,
+    every_nth,
+    mechanism,
+    never_recompute_collectives,
+    nothing_saveable,
+    offload_dot_with_no_batch_dims,
+    offload_if,
+    outputs_larger_than,
+    save_and_offload_only_these_names,
+    save_any_names_but_these,
+    save_only_these_names,
+    tag,
+    torchtitan_default,
+)
+
+# sac's answers are PyTorch's, in the same order (the C++ side relies on it).
+assert [p.name for p in CheckpointPolicy] == [
+    "MUST_SAVE", "PREFER_SAVE", "MUST_RECOMPUTE", "PREFER_RECOMPUTE",
+    "MUST_CPU_OFFLOAD", "PREFER_CPU_OFFLOAD"], list(CheckpointPolicy)
+
+
+def op_name(op):
+    """sac's name for an op: "aten::mm.default" for torch.ops.aten.mm.default,
+    "aten::add.*" (every overload) for the packet torch.ops.aten.add; a string
+    is taken as it is ("aten::mm")."""
+    if isinstance(op, torch._ops.OpOverload):
+        return f"{op._schema.name}.{op._overloadname}"
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        return f"{op._qualified_op_name}.*"
+    if isinstance(op, str):
+        return op
+    raise TypeError(
+        f"sac: cannot name the op {op!r} ({type(op).__name__}); expected an op overload "
+        f"(torch.ops.aten.mm.default), a packet (torch.ops.aten.mm) or a name ('aten::mm')")
+
+
+def save_ops(ops):
+    """Saves the outputs of the listed ops and recomputes everything else."""
+    return _C.save_ops([op_name(op) for op in ops])
+
+
+def answer_ops(ops, answer):
+    """Answers `answer` (a CheckpointPolicy) for the listed ops and
+    PREFER_RECOMPUTE for everything else."""
+    return _C.answer_ops([op_name(op) for op in ops], answer)
+
+
+def except_(policy, excluded):
+    """`policy`, but PREFER_RECOMPUTE wherever `excluded` keeps a value."""
+    return _C.except_(as_policy(policy), as_policy(excluded))
+
+
+def as_policy(policy_fn_or_list):
+    """A sac.Policy from what PyTorch's create_selective_checkpoint_contexts
+    takes (a list of ops, or a policy function) or a sac.Policy."""
+    if isinstance(policy_fn_or_list, Policy):
+        return policy_fn_or_list
+    if isinstance(policy_fn_or_list, (list, tuple)):
+        return save_ops(policy_fn_or_list)
+    if callable(policy_fn_or_list):
+        return _C.policy_from_fn(policy_fn_or_list)
+    raise TypeError(
+        f"sac: expected a list of ops, a policy function or a sac.Policy, got "
+        f"{type(policy_fn_or_list).__name__}")
+
+
+def create_selective_checkpoint_contexts(policy_fn_or_list, allow_cache_entry_mutation=False):
+    """PyTorch's function of the same name, with sac's modes: returns the
+    (caching, cached) pair of context managers that checkpoint's context_fn
+    returns. Create one pair per checkpointed call."""
+    return _C.create_selective_checkpoint_contexts(
+        as_policy(policy_fn_or_list), allow_cache_entry_mutation)
+
+
+def context_fn(policy_fn_or_list, allow_cache_entry_mutation=False):
+    """What `context_fn=` takes: a function returning a new pair of sac's
+    modes per call. The policy is built (op names resolved) once, now."""
+    return functools.partial(
+        _C.create_selective_checkpoint_contexts, as_policy(policy_fn_or_list),
+        allow_cache_entry_mutation)
