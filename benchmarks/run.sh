@@ -10,7 +10,10 @@
 #     torch.utils.checkpoint; the plot;
 #   * the same step benchmark on CUDA, fp32 and bf16 autocast, when this
 #     machine's torch sees a GPU (skipped, and said so, otherwise);
-#   * a region guard's replay against sac::checkpoint's function rerun.
+#   * a region guard's replay against sac::checkpoint's function rerun;
+#   * benchmarks/python_door.py: sac's Python package beside PyTorch's SAC
+#     (per-op cost, and steps and bytes on two Hugging Face models), under
+#     both mechanisms.
 # Output: ${SAC_BENCHMARKS_OUT:-benchmarks_out}/ (side_by_side.md has every
 # table; per_op.csv, steps.csv, frontier.png).
 set -euo pipefail
@@ -40,3 +43,10 @@ fi
 
 echo "== region replay against function rerun (SAC_DISPATCH=fallback)"
 SAC_DISPATCH=fallback "${pinned[@]}" "$build/benchmarks/region_replay" 4 10 | tee "$out/region_replay.txt"
+
+echo "== sac's Python package beside PyTorch's SAC"
+SAC_BUILD_DIR=$build bash .ci/python >/dev/null
+for dispatch in per_op fallback; do
+  SAC_DISPATCH=$dispatch "${pinned[@]}" python3 benchmarks/python_door.py \
+    --allocator "$build/benchmarks/libsac_counting_allocator.so" --out "$out/python_door_$dispatch.md"
+done

@@ -186,4 +186,36 @@ TEST(HiddenAliases, InputOfACachedAliasModifiedInPlaceIsNotServed) {
   sac_test::expect_bit_identical(expected, actual);
 }
 
+// The demotion's warning says what happened: whose output, changed by which
+// op (named under the fallback key, which sees every op).
+TEST(HiddenAliases, DemotionWarningNamesBothOps) {
+  sac_test::expect_configured_mechanism();
+  struct Warnings : c10::WarningHandler {
+    void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
+    std::vector<std::string> messages;
+  } warnings;
+  c10::WarningUtils::WarningHandlerGuard guard(&warnings);
+  auto x = torch::randn({4, 4}, torch::requires_grad());
+  auto f = [](const at::Tensor& in) {
+    auto h = in.cosh();
+    h.clamp_(-2, 2);  // the kept cosh output, modified in place
+    return h.sin();
+  };
+  auto modes = sac::create_selective_checkpoint_contexts(sac::Policy::save_ops({"aten::cosh"}));
+  auto options = sac::CheckpointOptions().context_fn([modes] { return sac::RegionContexts(modes); });
+  const auto expected = sac_test::run_and_grad([&] { return f(x); }, {x}, {});
+  const auto actual = sac_test::run_and_grad([&] { return sac::checkpoint(options, f, x); }, {x}, {});
+  sac_test::expect_bit_identical(expected, actual);
+  EXPECT_EQ(modes.cache->demoted_calls(), 1u);
+  const std::string writer = sac::dispatch::mechanism() == sac::dispatch::Mechanism::FallbackKey
+                                 ? "modified in place by aten::clamp_"
+                                 : "SAC_DISPATCH=fallback names it";
+  size_t found = 0;
+  for (const auto& message : warnings.messages) {
+    found += message.find("kept the output of aten::cosh (call 0") != std::string::npos &&
+             message.find(writer) != std::string::npos;
+  }
+  EXPECT_EQ(found, 1u) << "warnings: " << c10::Join(" | ", warnings.messages);
+}
+
 }  // namespace gradients_test

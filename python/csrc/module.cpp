@@ -7,6 +7,7 @@
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <memory>
@@ -59,6 +60,20 @@ PYBIND11_MODULE(_C, m) {
   using namespace sac;
   using sac::python::Mode;
   m.doc() = "sac's C++ modes and policies; use the sac package, not this module.";
+  // sac's errors read as torch's do: the message without C++ frames, and
+  // the Python type torch gives each kind of c10::Error.
+  py::register_exception_translator([](std::exception_ptr error) {
+    try {
+      if (error) {
+        std::rethrow_exception(error);
+      }
+    } catch (const c10::Error& e) {
+      torch::translate_exception_to_python(std::current_exception());
+    }
+  });
+  // The modes' entries and exits run inside torch's own error and warning
+  // handling (HANDLE_TH_ERRORS): their warnings (a demoted call, an
+  // untagged name) become Python warnings, as those of ops do.
 
   py::class_<Policy>(m, "Policy", "Which op calls to save, recompute or offload.")
       .def("describe", &Policy::describe)
@@ -66,12 +81,16 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<Mode>(m, "Mode", "One of sac's two modes, as a context manager.")
       .def("__enter__", [](Mode& mode) -> Mode& {
+             HANDLE_TH_ERRORS
              mode.enter();
              return mode;
+             END_HANDLE_TH_ERRORS_PYBIND
            }, py::return_value_policy::reference)
       .def("__exit__", [](Mode& mode, py::args) {
+        HANDLE_TH_ERRORS
         mode.exit();
         return false;
+        END_HANDLE_TH_ERRORS_PYBIND
       })
       .def("__repr__", [](const Mode& mode) { return "<sac " + mode.name() + " mode>"; });
 

@@ -116,3 +116,4 @@ def context_fn(policy_fn_or_list, allow_cache_entry_mutation=False):
     return functools.partial(
         _C.create_selective_checkpoint_contexts, as_policy(policy_fn_or_list),
         allow_cache_entry_mutation)
+

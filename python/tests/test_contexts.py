@@ -195,3 +195,17 @@ def test_cache_entry_mutation_is_demoted_or_allowed():
 
     expected = gradients(fn=mutating)
     assert_identical(gradients(sac.context_fn([aten.mm.default]), fn=mutating), expected)
+
+
+def test_demotion_warning_names_both_ops():
+    def mutating(x, w1, w2):
+        h = (x @ w1).sin()
+        h.mul_(2.0)  # the kept sin output, modified in place
+        return (h @ w2).sum(dim=1)
+
+    writer = ("SAC_DISPATCH=fallback names it" if os.environ.get("SAC_DISPATCH") == "per_op"
+              else "modified in place by aten::mul_")
+    with pytest.warns(UserWarning, match=r"kept the output of aten::sin \(call 0") as caught:
+        got = gradients(sac.context_fn([aten.sin.default]), fn=mutating)
+    assert any(writer in str(w.message) for w in caught), [str(w.message) for w in caught]
+    assert_identical(got, gradients(fn=mutating))

@@ -133,10 +133,9 @@ def test_op_list_matches_no_checkpointing_and_pytorch(model_and_batch):
                      "PyTorch's SAC")
 
 
-@pytest.mark.parametrize("make_policy", [
-    sac.torchtitan_default, sac.everything_saveable, sac.nothing_saveable,
-    sac.compute_intensive_ops,
-], ids=lambda f: f.__name__)
+# (nothing_saveable and compute_intensive_ops run in test_contexts.py.)
+@pytest.mark.parametrize("make_policy", [sac.torchtitan_default, sac.everything_saveable],
+                         ids=lambda f: f.__name__)
 def test_presets_match_no_checkpointing(model_and_batch, make_policy):
     model, batch, expected = model_and_batch
     assert_identical(step(model, batch, sac.context_fn(make_policy())), expected,

@@ -71,6 +71,25 @@ void CachedStorages::watch(const c10::StorageImpl* storage,
   }
 }
 
+void CachedStorages::note_write(const at::Tensor& t, const c10::OperatorName& op) {
+  if (!t.has_storage()) {
+    return;
+  }
+  const auto it = storages_.find(t.storage().unsafeGetStorageImpl());
+  if (it != storages_.end() && !it->second.writer.has_value()) {
+    it->second.writer = op;
+  }
+}
+
+const std::optional<c10::OperatorName>& CachedStorages::writer(
+    const c10::StorageImpl* storage) const {
+  static const std::optional<c10::OperatorName> unknown;
+  if (storage == nullptr) {
+    return unknown;
+  }
+  return storages_.at(storage).writer;
+}
+
 bool CachedStorages::modified(const c10::StorageImpl* storage) const {
   if (storage == nullptr) {
     return false;

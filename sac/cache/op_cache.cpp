@@ -236,19 +236,33 @@ std::optional<std::pair<size_t, std::string>> OpCache::first_modified(
 
 void OpCache::demote_modified() {
   for (auto& [op, calls] : calls_) {
-    for (auto& call : calls) {
-      if (call.state == Call::State::Saved && first_modified(call).has_value()) {
-        drop(call);
-        call.state = Call::State::Recompute;
-        ++demoted_calls_;
-        TORCH_WARN_ONCE(
-            "sac: the output of ", op.operator_name(), " was cached but then "
-            "modified in place later in the checkpointed forward, so it will "
-            "be recomputed instead (caching it would give wrong gradients). "
-            "LibTorch's C++ torch::nn::Linear does this on inputs of more than "
-            "2 dimensions (aten::mm, then the bias added in place); flatten "
-            "such inputs to 2-D so that it runs aten::addmm, and save that.");
+    for (size_t index = 0; index < calls.size(); ++index) {
+      Call& call = calls[index];
+      if (call.state != Call::State::Saved) {
+        continue;
       }
+      const auto modified = first_modified(call);
+      if (!modified.has_value()) {
+        continue;
+      }
+      demotions_.push_back(
+          {op.operator_name(), index, storages_.writer(call.slots[modified->first].storage)});
+      drop(call);
+      call.state = Call::State::Recompute;
+    }
+  }
+}
+
+void OpCache::note_writes(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> outputs) {
+  if (storages_.empty()) {
+    return;
+  }
+  const auto& returns = op.schema().returns();
+  for (size_t i = 0; i < outputs.size() && i < returns.size(); ++i) {
+    const c10::AliasInfo* alias = returns[i].alias_info();
+    if (alias != nullptr && alias->isWrite()) {
+      for_each_tensor(outputs[i],
+                      [&](const at::Tensor& t) { storages_.note_write(t, op.operator_name()); });
     }
   }
 }

@@ -127,6 +127,7 @@ void CachingMode::on_outermost_enter() {
 void CachingMode::on_outermost_exit() {
   report_untagged_names();
   cache_->end_recording();
+  report_demotions();
   if (statistics_ != nullptr) {
     add_statistics();
   }
@@ -145,7 +146,9 @@ void CachingMode::intercept(const c10::OperatorHandle& op,
   }
   if (!policy_.decides_about(op)) {
     dispatch::run_op(op, below, stack);
-    cache_->watch_aliases(outputs_on(op, *stack));
+    const auto outputs = outputs_on(op, *stack);
+    cache_->watch_aliases(outputs);
+    cache_->note_writes(op, outputs);
     return;
   }
   // The policy reads the arguments after the op ran, and an input may share
@@ -184,12 +187,11 @@ void CachingMode::intercept(const c10::OperatorHandle& op,
   if (policy_.domain().every_cacheable_op && dispatch::mechanism_misses(op)) {
     warn_once("unseen " + c10::toString(op.operator_name()),
               c10::str("sac: the policy ", policy_.describe(), " answers ", to_string(answer),
-                       " for ", op.operator_name(), ", whose calls through LibTorch's "
-                       "torch:: factory functions (torch::zeros, torch::arange, "
-                       "torch::randn_like, ...) sac's per-op kernels never see: only its "
-                       "calls through at:: functions reach the policy. Use the fallback-key "
-                       "mechanism (SAC_DISPATCH=fallback) to see every call. Reported once "
-                       "per op."));
+                       " for ", op.operator_name(), ", whose calls through the factory "
+                       "functions (torch::zeros in C++, torch.zeros in Python, arange, "
+                       "randn_like, ...) sac's per-op kernels never see: only its other "
+                       "calls reach the policy. Use the fallback-key mechanism "
+                       "(SAC_DISPATCH=fallback) to see every call. Reported once per op."));
   }
   cache_->append_saved(op, outputs, std::move(after),
                        is_offload(answer) ? offload_to_ : nullptr);
@@ -213,13 +215,28 @@ void CachingMode::apply_tag(c10::ArrayRef<c10::IValue> args, CheckpointPolicy an
                          "', but the call of ", producer->op.operator_name(),
                          " that returned it cannot be kept: ", *why_not,
                          ". It is recomputed. Tag a value that is not modified in "
-                         "place after its op returned (LibTorch's nn::Linear adds its "
-                         "bias in place on input of more than 2 dimensions: flatten "
-                         "such input to 2-D so that it runs aten::addmm). Reported "
-                         "once per name."));
+                         "place after its op returned. Reported once per name."));
     }
   } else if (answer == CheckpointPolicy::MustRecompute && producer->kept) {
     cache_->recompute_late(*producer);
+  }
+}
+
+void CachingMode::report_demotions() const {
+  for (const OpCache::Demotion& demotion : cache_->demotions()) {
+    const std::string writer =
+        demotion.writer.has_value()
+            ? c10::str("by ", *demotion.writer)
+            : dispatch::mechanism() == dispatch::Mechanism::PerOpKernels
+                  ? std::string("by an op that sac's per-op kernels do not intercept "
+                                "(SAC_DISPATCH=fallback names it)")
+                  : std::string("through an op whose schema does not declare the write");
+    warn_once(c10::str("demoted ", demotion.op, " ", writer),
+              c10::str("sac: the policy ", policy_.describe(), " kept the output of ",
+                       demotion.op, " (call ", demotion.call, " in the forward), which was then "
+                       "modified in place ", writer, " before the checkpointed forward "
+                       "ended; that call is recomputed instead, since serving the kept "
+                       "value would give wrong gradients. Reported once per pair of ops."));
   }
 }
 

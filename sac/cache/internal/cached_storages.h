@@ -13,6 +13,7 @@
 #include <sac/base/internal/version_watch.h>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/operator_name.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/util/intrusive_ptr.h>
 
@@ -45,6 +46,10 @@ class CachedStorages {
   // Whether a tensor on `storage` was modified in place through any counter
   // known on it.
   bool modified(const c10::StorageImpl* storage) const;
+  // Notes `op` as having written `t` in place, if `t` lies on a storage
+  // known here; the first such op is the storage's writer.
+  void note_write(const at::Tensor& t, const c10::OperatorName& op);
+  const std::optional<c10::OperatorName>& writer(const c10::StorageImpl* storage) const;
 
   // Bytes of the storages some slot keeps on the device.
   size_t bytes() const { return bytes_; }
@@ -61,6 +66,7 @@ class CachedStorages {
     size_t nbytes = 0;  // its size when first held
     std::vector<VersionWatch> watches;  // one per counter known on it
     std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> pin;
+    std::optional<c10::OperatorName> writer;
   };
   static void add_watch(Info& info, const VersionWatch& watch);
 

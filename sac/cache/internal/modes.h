@@ -113,6 +113,10 @@ class CachingMode final : public SelectiveMode {
   // Warns about the names the policy mentions that this forward never
   // tagged (once per name and process).
   void report_untagged_names() const;
+  // Warns about the saved calls the cache demoted because their outputs
+  // were modified in place (once per pair of ops and process): which op's
+  // output, changed by which op.
+  void report_demotions() const;
   // With statistics: adds the bytes of the storages among a decided call's
   // `outputs` that no earlier decided call returned.
   void count_bytes(c10::ArrayRef<c10::IValue> outputs);

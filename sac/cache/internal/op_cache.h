@@ -62,10 +62,24 @@ class OpCache {
   // Ends the forward: demotes saved calls whose outputs were modified in
   // place since they were stored to recompute calls (dropping the outputs):
   // their cached value is no longer what the op returned, but the
-  // recomputation will redo both the op and the modification. Warns (once
-  // per process) when it demotes anything: the policy then saves less than
-  // it says.
+  // recomputation will redo both the op and the modification. demotions()
+  // lists them: the policy then saves less than it says.
   void end_recording();
+
+  // Notes the ops that write their outputs in place (returns the schema
+  // marks as written, such as add_'s self) on a kept output's storage: the
+  // first of them is what a demotion reports as the modification.
+  void note_writes(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> outputs);
+
+  // A saved call that end_recording demoted: its op, which call of it in the
+  // forward, and the op that first wrote its output in place, if one was
+  // seen (per-op kernels see only the ops they intercept).
+  struct Demotion {
+    c10::OperatorName op;
+    size_t call = 0;
+    std::optional<c10::OperatorName> writer;
+  };
+  const std::vector<Demotion>& demotions() const { return demotions_; }
 
   // Moves the outputs of every saved call into `stash` (after
   // end_recording): the cache keeps the stash's hooks instead, and take()
@@ -172,7 +186,7 @@ class OpCache {
   // Saved calls whose outputs have not been handed out yet.
   size_t saved_calls() const { return saved_calls_; }
   // Saved calls turned into recompute calls by end_recording.
-  size_t demoted_calls() const { return demoted_calls_; }
+  size_t demoted_calls() const { return demotions_.size(); }
 
   // The recorded calls by what became of them, after end_recording and
   // before stash() (sac/cache/statistics.h counts with it).
@@ -227,7 +241,7 @@ class OpCache {
   bool track_producers_ = false;
   bool recording_ = false;
   size_t saved_calls_ = 0;
-  size_t demoted_calls_ = 0;
+  std::vector<Demotion> demotions_;
   CollectiveLedger collectives_;
 };
 
