@@ -3,6 +3,8 @@
 #
 #   bazel/test.sh                 # bazel test //...
 #   bazel/test.sh //:foo_test     # other targets / extra bazel flags
+#   bazel/test.sh build --nobuild //...   # another bazel command (here:
+#                                         # analyse every target, build none)
 #
 # Environment:
 #   SAC_BAZEL_CACHE  Bazel output root (default ${XDG_CACHE_HOME:-$HOME/.cache}/sac-bazel);
@@ -18,6 +20,11 @@ bazel_bin="${BAZEL:-bazel}"
 output_root="${SAC_BAZEL_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/sac-bazel}"
 mkdir -p "$output_root"
 
+command=test
+if [[ ${1:-} == build ]]; then
+  command=build
+  shift
+fi
 if [[ $# -eq 0 ]]; then
   set -- //...
 fi
@@ -27,4 +34,4 @@ fi
 # rebuilds nothing that an earlier checkout built the same way).
 # Exit status is Bazel's (nonzero when anything fails to build or a test fails).
 exec "$bazel_bin" --output_user_root="$output_root" \
-  test --disk_cache="$output_root/disk-cache" --keep_going "$@"
+  "$command" --disk_cache="$output_root/disk-cache" --keep_going "$@"

@@ -71,14 +71,13 @@ PYBIND11_MODULE(_C, m) {
       torch::translate_exception_to_python(std::current_exception());
     }
   });
-  // The modes' entries and exits run inside torch's own error and warning
-  // handling (HANDLE_TH_ERRORS): their warnings (a demoted call, an
-  // untagged name) become Python warnings, as those of ops do.
-
   py::class_<Policy>(m, "Policy", "Which op calls to save, recompute or offload.")
       .def("describe", &Policy::describe)
       .def("__repr__", [](const Policy& p) { return "sac.Policy(" + p.describe() + ")"; });
 
+  // The modes' entries and exits run inside torch's own error and warning
+  // handling (HANDLE_TH_ERRORS): their warnings (a demoted call, an
+  // untagged name) become Python warnings, as those of ops do.
   py::class_<Mode>(m, "Mode", "One of sac's two modes, as a context manager.")
       .def("__enter__", [](Mode& mode) -> Mode& {
              HANDLE_TH_ERRORS

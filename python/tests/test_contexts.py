@@ -76,9 +76,25 @@ def test_op_list_is_exact_and_matches_pytorch(ops):
     lambda: sac.any_of([sac.save_ops([aten.mm.default]), sac.save_ops(["aten::relu"])]),
     lambda: sac.except_(sac.everything_saveable(), sac.save_ops(["aten::sigmoid"])),
     lambda: sac.every_nth("aten::mm", 2),
+    sac.offload_dot_with_no_batch_dims,
+    lambda: sac.offload_if(sac.dots_saveable(), 0),
 ], ids=lambda f: getattr(f, "__name__", "combinator"))
 def test_sac_policies_are_exact(make_policy):
     assert_identical(gradients(sac.context_fn(make_policy())), gradients())
+
+
+@pytest.mark.parametrize("make_policy", [
+    lambda: sac.save_only_these_names(["hidden"]),
+    lambda: sac.save_any_names_but_these(["gate"]),
+    lambda: sac.save_and_offload_only_these_names(["hidden"], ["gate"]),
+], ids=["save_only_these_names", "save_any_names_but_these", "save_and_offload"])
+def test_name_policies_are_exact(make_policy):
+    def named(x, w1, w2):
+        h = sac.tag(torch.relu(x @ w1), "hidden")
+        g = sac.tag(torch.sigmoid(h @ w2), "gate")
+        return ((g * h) @ w2.t()).tanh().sum(dim=1)
+
+    assert_identical(gradients(sac.context_fn(make_policy()), fn=named), gradients(fn=named))
 
 
 def test_policy_function_gets_pytorch_arguments():
