@@ -52,9 +52,11 @@ from ._C import (  # noqa: E402,F401
 )
 
 # sac's answers are PyTorch's, in the same order (the C++ side relies on it).
-assert [p.name for p in CheckpointPolicy] == [
-    "MUST_SAVE", "PREFER_SAVE", "MUST_RECOMPUTE", "PREFER_RECOMPUTE",
-    "MUST_CPU_OFFLOAD", "PREFER_CPU_OFFLOAD"], list(CheckpointPolicy)
+if [p.name for p in CheckpointPolicy] != [
+        "MUST_SAVE", "PREFER_SAVE", "MUST_RECOMPUTE", "PREFER_RECOMPUTE",
+        "MUST_CPU_OFFLOAD", "PREFER_CPU_OFFLOAD"]:
+    raise ImportError(f"sac: torch {torch.__version__}'s CheckpointPolicy is "
+                      f"{list(CheckpointPolicy)}, not the six answers sac maps by position")
 
 
 def op_name(op):
