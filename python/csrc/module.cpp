@@ -1,6 +1,7 @@
 // sac._C: sac's selective checkpointing modes and policies as a Python
 // module. python/sac/__init__.py is its front: it turns PyTorch's arguments
 // (op overloads, policy functions) into these.
+#include "hooks_bridge.h"
 #include "python_policy.h"
 
 #include <sac/sac.h>
@@ -11,6 +12,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -47,6 +49,30 @@ class Mode {
   int entered_ = 0;
 };
 
+// sac::CheckpointRegion as a Python context manager: `with sac.region():`.
+// Python's exceptions do not unwind C++, so the exit says whether the code
+// in the region raised (the region is then abandoned, as in C++).
+class Region {
+ public:
+  explicit Region(CheckpointOptions options) : options_(std::move(options)) {}
+
+  void enter() {
+    TORCH_CHECK(!region_, "sac.region: this region is active already; make a new "
+                "sac.region(...) for each `with`.");
+    region_.emplace(options_);
+  }
+  void exit(bool raised) {
+    TORCH_CHECK(region_, "sac.region was exited without being entered; use it as a "
+                "context manager (`with sac.region(...):`).");
+    detail::end_region(*region_, raised);
+    region_.reset();
+  }
+
+ private:
+  CheckpointOptions options_;
+  std::optional<CheckpointRegion> region_;
+};
+
 py::tuple contexts(const Policy& policy, bool allow_cache_entry_mutation) {
   SelectiveCheckpointContexts pair =
       create_selective_checkpoint_contexts(policy, allow_cache_entry_mutation);
@@ -71,6 +97,7 @@ PYBIND11_MODULE(_C, m) {
       torch::translate_exception_to_python(std::current_exception());
     }
   });
+  sac::python::install_hooks_bridge(m);
   py::class_<Policy>(m, "Policy", "Which op calls to save, recompute or offload.")
       .def("describe", &Policy::describe)
       .def("__repr__", [](const Policy& p) { return "sac.Policy(" + p.describe() + ")"; });
@@ -92,6 +119,34 @@ PYBIND11_MODULE(_C, m) {
         END_HANDLE_TH_ERRORS_PYBIND
       })
       .def("__repr__", [](const Mode& mode) { return "<sac " + mode.name() + " mode>"; });
+
+  py::class_<sac::python::Region>(m, "Region", "sac::CheckpointRegion, as a context manager.")
+      .def(py::init([](std::optional<Policy> policy, bool preserve_rng_state, bool debug,
+                       bool allow_cache_entry_mutation) {
+             CheckpointOptions options;
+             if (policy) {
+               options.policy(*policy);
+             }
+             options.preserve_rng_state(preserve_rng_state).debug(debug);
+             if (allow_cache_entry_mutation) {  // an error without a policy
+               options.allow_cache_entry_mutation(true);
+             }
+             return std::make_unique<sac::python::Region>(std::move(options));
+           }),
+           py::arg("policy"), py::arg("preserve_rng_state"), py::arg("debug"),
+           py::arg("allow_cache_entry_mutation"))
+      .def("__enter__", [](sac::python::Region& region) -> sac::python::Region& {
+             HANDLE_TH_ERRORS
+             region.enter();
+             return region;
+             END_HANDLE_TH_ERRORS_PYBIND
+           }, py::return_value_policy::reference)
+      .def("__exit__", [](sac::python::Region& region, py::handle type, py::args) {
+        HANDLE_TH_ERRORS
+        region.exit(!type.is_none());
+        return false;
+        END_HANDLE_TH_ERRORS_PYBIND
+      });
 
   m.def("create_selective_checkpoint_contexts", &sac::python::contexts,
         py::arg("policy"), py::arg("allow_cache_entry_mutation") = false);

@@ -15,6 +15,9 @@ into the interpreter. A policy is an op list, a Python function
 `torch.utils.checkpoint.CheckpointPolicy` or a bool, or one of sac's own
 policies (`save_ops`, the presets, the combinators, the name policies),
 which run in C++ throughout.
+
+`with sac.region(policy):` checkpoints the code inside it by recording and
+replaying its aten ops (sac::CheckpointRegion): no function to wrap.
 """
 import functools
 
@@ -119,3 +122,27 @@ def context_fn(policy_fn_or_list, allow_cache_entry_mutation=False):
         _C.create_selective_checkpoint_contexts, as_policy(policy_fn_or_list),
         allow_cache_entry_mutation)
 
+
+def region(policy=None, *, preserve_rng_state=True, debug=False,
+           allow_cache_entry_mutation=False):
+    """sac::CheckpointRegion for Python code: what runs inside
+
+        with sac.region(policy=[torch.ops.aten.mm.default]):
+            y = model(x)
+
+    is checkpointed with nothing to wrap: its aten ops are recorded below
+    autograd, and backward replays them (not the Python code), serving the
+    outputs the policy saves. Buffers the region writes (BatchNorm's running
+    statistics) are written once, by the forward. Needs sac's fallback-key
+    mechanism (SAC_DISPATCH=fallback); under per-op kernels entering it is an
+    error. Without a policy everything is recomputed. One `with` per
+    sac.region(...) value."""
+    if not mechanism().startswith("fallback"):
+        raise RuntimeError(
+            f"sac.region records every op of the region below autograd, views and in-place "
+            f"ops included, which only sac's fallback-key mechanism sees; this process uses "
+            f"{mechanism()}. Set SAC_DISPATCH=fallback before importing sac, or checkpoint "
+            f"a function with torch.utils.checkpoint.checkpoint(fn, ..., use_reentrant=False, "
+            f"context_fn=sac.context_fn(policy)), which works with either mechanism.")
+    return _C.Region(None if policy is None else as_policy(policy),
+                     preserve_rng_state, debug, allow_cache_entry_mutation)

@@ -7,6 +7,7 @@
 
 #include <torch/csrc/autograd/engine.h>
 
+#include <atomic>
 #include <mutex>
 #include <optional>
 #include <string_view>
@@ -17,6 +18,8 @@ namespace sac::detail {
 namespace {
 
 thread_local std::vector<SavedTensorHooksFactory> tls_hooks;
+std::atomic<SavedTensorHooksBridge*> the_bridge{nullptr};
+std::atomic<bool> engine_installed{false};
 // Set while save_kept saves without the thread's hooks.
 thread_local bool tls_hidden = false;
 
@@ -111,6 +114,9 @@ class HookingEngine final : public torch::autograd::Engine {
 }  // namespace
 
 void install_hooking_engine() {
+  if (the_bridge.load() != nullptr) {
+    return;
+  }
   static std::once_flag once;
   std::call_once(once, [] {
     using torch::autograd::Engine;
@@ -120,9 +126,10 @@ void install_hooking_engine() {
         "sac: cannot install sac's saved-tensor hooks: the autograd engine of "
         "this process is not LibTorch's base engine (Python's torch module is "
         "loaded, or another library replaced the engine). sac::checkpoint "
-        "needs the base engine; in a Python process use "
-        "torch.utils.checkpoint instead.");
+        "needs the base engine; in a Python process, import sac's Python "
+        "package, which hands sac's hooks to Python's engine.");
     torch::autograd::set_default_engine_stub(&HookingEngine::get);
+    engine_installed = true;
   });
   // A failed check above leaves `once` unset, so the next call checks again;
   // a later replacement of the engine is caught here.
@@ -133,18 +140,51 @@ void install_hooking_engine() {
       "(or another engine) into a process that uses sac::checkpoint.");
 }
 
-SavedTensorHooksGuard::SavedTensorHooksGuard(SavedTensorHooksFactory factory) {
-  tls_hooks.push_back(std::move(factory));
+void set_saved_tensor_hooks_bridge(SavedTensorHooksBridge* bridge) {
+  TORCH_CHECK(bridge != nullptr, "sac: set_saved_tensor_hooks_bridge(nullptr)");
+  TORCH_CHECK(!engine_installed.load(),
+              "sac: a saved-tensor hooks bridge was set after sac installed its "
+              "own autograd engine; set it before the first checkpoint.");
+  SavedTensorHooksBridge* none = nullptr;
+  TORCH_CHECK(the_bridge.compare_exchange_strong(none, bridge),
+              "sac: a saved-tensor hooks bridge is set already.");
 }
 
-SavedTensorHooksGuard::~SavedTensorHooksGuard() { tls_hooks.pop_back(); }
+SavedTensorHooksGuard::SavedTensorHooksGuard(SavedTensorHooksFactory factory)
+    : bridge_(the_bridge.load()) {
+  if (bridge_ != nullptr) {
+    bridge_->push(std::move(factory));
+  } else {
+    tls_hooks.push_back(std::move(factory));
+  }
+}
+
+SavedTensorHooksGuard::~SavedTensorHooksGuard() {
+  if (bridge_ != nullptr) {
+    bridge_->pop();
+  } else {
+    tls_hooks.pop_back();
+  }
+}
 
 torch::autograd::SavedVariable save_kept(const at::Tensor& t) {
   // The thread's hooks (its own and carried) are hidden while the
   // SavedVariable is made, and come back however it ends.
   struct HideThreadHooks {
-    bool was_hidden = std::exchange(tls_hidden, true);
-    ~HideThreadHooks() { tls_hidden = was_hidden; }
+    SavedTensorHooksBridge* bridge = the_bridge.load();
+    bool was_hidden = false;
+    HideThreadHooks() {
+      if (bridge != nullptr) {
+        bridge->hide();
+      }
+      was_hidden = std::exchange(tls_hidden, true);
+    }
+    ~HideThreadHooks() {
+      if (bridge != nullptr) {
+        bridge->show();
+      }
+      tls_hidden = was_hidden;
+    }
   } hide;
   torch::autograd::SavedVariable saved(t, /*is_output=*/false);
   if (TensorStash* stash = current_stash(); stash != nullptr && t.defined()) {

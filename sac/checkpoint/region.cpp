@@ -153,10 +153,12 @@ CheckpointRegion::CheckpointRegion(const CheckpointOptions& options) {
 }
 
 CheckpointRegion::~CheckpointRegion() {
-  if (!active_) {
-    return;
+  if (active_) {
+    end(std::uncaught_exceptions() > active_->exceptions_at_start);
   }
-  const bool threw = std::uncaught_exceptions() > active_->exceptions_at_start;
+}
+
+void CheckpointRegion::end(bool threw) {
   auto frame = active_->forward->frame();
   auto replay = std::move(active_->replay);
   active_.reset();  // exits the forward
@@ -168,4 +170,13 @@ CheckpointRegion::~CheckpointRegion() {
   }
 }
 
+namespace detail {
+
+void end_region(CheckpointRegion& region, bool threw) {
+  if (region.active_) {
+    region.end(threw);
+  }
+}
+
+}  // namespace detail
 }  // namespace sac

@@ -43,6 +43,13 @@
 
 namespace sac {
 
+class CheckpointRegion;
+namespace detail {
+// Ends `region` now, as its destructor does, after code that completed or
+// threw: for hosts whose exceptions do not unwind C++ (Python's `with`).
+void end_region(CheckpointRegion& region, bool threw);
+}  // namespace detail
+
 class CheckpointRegion {
  public:
   // Begins the region on this thread. Throws (leaving nothing active) if the
@@ -59,6 +66,9 @@ class CheckpointRegion {
   CheckpointRegion& operator=(const CheckpointRegion&) = delete;
 
  private:
+  friend void detail::end_region(CheckpointRegion& region, bool threw);
+  void end(bool threw);
+
   struct Active;
   std::unique_ptr<Active> active_;
 };

@@ -5,8 +5,9 @@
 // base engine has none. sac installs, once per process, an engine that
 // differs from the base engine only in answering that question from a
 // thread-local stack of hook factories. In a process where Python already
-// installed its own engine, installing another would break Python, so sac
-// refuses with a CheckpointError instead.
+// installed its own engine, installing another would break Python: there
+// sac's hooks reach autograd through a bridge (below) that the Python module
+// sets, and without one sac refuses with a CheckpointError.
 #pragma once
 
 #include <torch/csrc/autograd/saved_variable.h>
@@ -21,9 +22,31 @@ namespace sac::detail {
 using SavedTensorHooksFactory =
     std::function<std::unique_ptr<torch::autograd::SavedVariableHooks>()>;
 
-// Installs sac's engine if it is not the default engine yet. Throws a
-// CheckpointError if another non-base engine (Python's) is the default.
+// Installs sac's engine if it is not the default engine yet and no bridge
+// is set. Throws a CheckpointError if another non-base engine (Python's) is
+// the default and no bridge is set.
 void install_hooking_engine();
+
+// Hands sac's hooks to an engine that asks someone else for them: Python's
+// engine asks torch's own stack of saved_tensors_hooks, so the Python module
+// pushes a pack and unpack hook there for each of sac's guards. Calls come on
+// the thread of the guard, in stack order.
+class SavedTensorHooksBridge {
+ public:
+  virtual ~SavedTensorHooksBridge() = default;
+  // Until the matching pop(), tensors autograd saves on this thread get
+  // hooks from `factory` (which may make none: saved as usual).
+  virtual void push(SavedTensorHooksFactory factory) = 0;
+  virtual void pop() = 0;
+  // While hidden, autograd saves on this thread without any hooks; nests.
+  virtual void hide() = 0;
+  virtual void show() = 0;
+};
+
+// Sets the bridge for the life of the process (it is never deleted), before
+// any of sac's guards. sac's own engine is then never installed; setting a
+// bridge after it was is an error.
+void set_saved_tensor_hooks_bridge(SavedTensorHooksBridge* bridge);
 
 // While alive, tensors that autograd saves on this thread get hooks from
 // `factory` (the innermost guard wins).
@@ -33,6 +56,9 @@ class SavedTensorHooksGuard {
   ~SavedTensorHooksGuard();
   SavedTensorHooksGuard(const SavedTensorHooksGuard&) = delete;
   SavedTensorHooksGuard& operator=(const SavedTensorHooksGuard&) = delete;
+
+ private:
+  SavedTensorHooksBridge* bridge_;  // or nullptr: sac's engine asks
 };
 
 // Saves `t` as autograd saves an input (SavedVariable(t, false)), without the
