@@ -160,6 +160,8 @@ PYBIND11_MODULE(_C, m) {
         },
         py::arg("op_names"), py::arg("answer"));
   m.def("policy_from_fn", &sac::python::policy_from_python, py::arg("policy_fn"));
+  m.def("answer_for_pytorch", &sac::python::answer_for_pytorch, py::arg("policy"),
+        py::arg("op"), py::arg("args"), py::arg("kwargs"), py::arg("output"), py::arg("call"));
 
   // Presets (sac/policy/presets.h).
   m.def("nothing_saveable", &nothing_saveable);

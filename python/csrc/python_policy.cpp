@@ -3,8 +3,10 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace py = pybind11;
 
@@ -61,7 +63,47 @@ py::object outputs(c10::ArrayRef<c10::IValue> output) {
   return tuple;
 }
 
+// An op's outputs as they lie on the dispatcher's stack, typed by its schema.
+std::vector<c10::IValue> output_stack(const c10::FunctionSchema& schema, py::handle output) {
+  const auto& returns = schema.returns();
+  std::vector<c10::IValue> stack;
+  if (returns.empty()) {
+    return stack;
+  }
+  if (returns.size() == 1) {
+    stack.push_back(torch::jit::toIValue(output, returns[0].type()));
+    return stack;
+  }
+  py::tuple items = py::reinterpret_borrow<py::tuple>(output);
+  TORCH_CHECK(items.size() == returns.size(), "sac: ", schema.name(), " returns ",
+              returns.size(), " values but PyTorch's mode gave ", items.size());
+  for (size_t i = 0; i < returns.size(); ++i) {
+    stack.push_back(torch::jit::toIValue(items[i], returns[i].type()));
+  }
+  return stack;
+}
+
 }  // namespace
+
+py::object answer_for_pytorch(const Policy& policy, py::handle op, py::tuple args,
+                              py::dict kwargs, py::handle output, size_t call) {
+  if (!py::hasattr(op, "_schema")) {  // a higher-order op: no schema to ask about
+    return to_python(CheckpointPolicy::PreferRecompute);
+  }
+  const c10::FunctionSchema& schema = op.attr("_schema").cast<c10::FunctionSchema&>();
+  std::optional<c10::OperatorHandle> handle =
+      c10::Dispatcher::singleton().findSchema(schema.operator_name());
+  if (!handle || !policy.decides_about(*handle)) {
+    return to_python(CheckpointPolicy::PreferRecompute);
+  }
+  torch::jit::Stack arguments =
+      torch::jit::createStackForSchema(handle->schema(), args, kwargs, std::nullopt);
+  std::vector<c10::IValue> outputs = output_stack(handle->schema(), output);
+  SelectiveCheckpointContext ctx;
+  ctx.op_output = outputs;
+  ctx.call = call;
+  return to_python(policy.decide(ctx, *handle, arguments));
+}
 
 py::object to_python(CheckpointPolicy answer) {
   return checkpoint_module().attr("CheckpointPolicy")(static_cast<int>(answer));

@@ -19,6 +19,7 @@ which run in C++ throughout.
 `with sac.region(policy):` checkpoints the code inside it by recording and
 replaying its aten ops (sac::CheckpointRegion): no function to wrap.
 """
+import collections
 import functools
 
 import torch
@@ -110,17 +111,51 @@ def as_policy(policy_fn_or_list):
 def create_selective_checkpoint_contexts(policy_fn_or_list, allow_cache_entry_mutation=False):
     """PyTorch's function of the same name, with sac's modes: returns the
     (caching, cached) pair of context managers that checkpoint's context_fn
-    returns. Create one pair per checkpointed call."""
-    return _C.create_selective_checkpoint_contexts(
-        as_policy(policy_fn_or_list), allow_cache_entry_mutation)
+    returns. Create one pair per checkpointed call. Under torch.compile it
+    returns PyTorch's own pair with the same answers (see context_fn)."""
+    return _contexts(as_policy(policy_fn_or_list), allow_cache_entry_mutation,
+                     _python_fn(policy_fn_or_list))
 
 
 def context_fn(policy_fn_or_list, allow_cache_entry_mutation=False):
     """What `context_fn=` takes: a function returning a new pair of sac's
-    modes per call. The policy is built (op names resolved) once, now."""
-    return functools.partial(
-        _C.create_selective_checkpoint_contexts, as_policy(policy_fn_or_list),
-        allow_cache_entry_mutation)
+    modes per call. The policy is built (op names resolved) once, now.
+
+    Under torch.compile, Inductor plans recomputation from the tags that
+    PyTorch's own modes put on the traced graph, so there the pair is
+    PyTorch's, asking the same policy: a Python function directly, any other
+    policy through sac's C++ answer for each traced call."""
+    return functools.partial(_contexts, as_policy(policy_fn_or_list),
+                             allow_cache_entry_mutation, _python_fn(policy_fn_or_list))
+
+
+def _python_fn(policy_fn_or_list):
+    if callable(policy_fn_or_list) and not isinstance(policy_fn_or_list, Policy):
+        return policy_fn_or_list
+    return None
+
+
+def _contexts(policy, allow_cache_entry_mutation, python_fn):
+    if torch.compiler.is_compiling():
+        return torch.utils.checkpoint.create_selective_checkpoint_contexts(
+            python_fn or _AsPyTorchPolicy(policy), allow_cache_entry_mutation)
+    return _C.create_selective_checkpoint_contexts(policy, allow_cache_entry_mutation)
+
+
+class _AsPyTorchPolicy:
+    """A sac.Policy as PyTorch's policy_fn, for one traced region: it counts
+    each op's calls (`ctx.call` of sac's policies) in the order PyTorch's
+    mode asks, which under torch.compile is the traced graph's order and its
+    ops (decomposed, functionalized), not eager's."""
+
+    def __init__(self, policy):
+        self._policy = policy
+        self._calls = collections.Counter()
+
+    def __call__(self, ctx, op, *args, **kwargs):
+        call = self._calls[op]
+        self._calls[op] += 1
+        return _C.answer_for_pytorch(self._policy, op, args, kwargs, ctx.op_output, call)
 
 
 def region(policy=None, *, preserve_rng_state=True, debug=False,

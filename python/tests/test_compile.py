@@ -1,0 +1,94 @@
+"""sac's contexts under torch.compile. Inductor plans what to save from the
+tags PyTorch's own modes put on the traced graph, so there sac hands
+PyTorch's pair the same policy. Tested: the compiled forward saves what it
+saves with PyTorch's SAC and the same op list (and less with sac's
+nothing_saveable), and gradients equal eager's."""
+import functools
+
+import pytest
+import torch
+from functorch.compile import min_cut_rematerialization_partition
+from torch._dynamo.backends.common import aot_autograd
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint
+from torch.utils.checkpoint import create_selective_checkpoint_contexts as torch_contexts
+
+import sac
+
+aten = torch.ops.aten
+
+
+def block(x, w1, w2):
+    h = torch.relu(x @ w1)
+    h = torch.sigmoid(h @ w2) * h
+    return (h @ w2.t()).tanh().sum(dim=1)
+
+
+def leaves():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(*shape, generator=g, requires_grad=True)
+            for shape in [(16, 32), (32, 48), (48, 48)]]
+
+
+def compiled_step(context_fn):
+    """Gradients of a compiled checkpointed block, and the number of tensors
+    its forward graph saves for backward (min-cut partitioning, as Inductor)."""
+    saved = []
+
+    def forward_compiler(graph, example_inputs):
+        output = next(n for n in graph.graph.nodes if n.op == "output")
+        saved.append(len(output.args[0]))
+        return graph
+
+    backend = aot_autograd(fw_compiler=forward_compiler, bw_compiler=lambda g, _: g,
+                           partition_fn=min_cut_rematerialization_partition)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda *a: checkpoint(block, *a, use_reentrant=False,
+                                             context_fn=context_fn), backend=backend)
+    args = leaves()
+    out = fn(*args)
+    out.square().sum().backward()
+    return [out.detach()] + [a.grad for a in args], saved[0]
+
+
+def eager_gradients():
+    args = leaves()
+    out = block(*args)
+    out.square().sum().backward()
+    return [out.detach()] + [a.grad for a in args]
+
+
+@pytest.mark.parametrize("policy", [
+    [aten.mm.default],
+    sac.save_ops(["aten::mm"]),
+    sac.any_of([sac.save_ops(["aten::mm"]), sac.nothing_saveable()]),
+], ids=["op_list", "save_ops", "combinator"])
+def test_saves_what_pytorch_s_sac_saves(policy):
+    got, saved = compiled_step(sac.context_fn(policy))
+    _, theirs = compiled_step(functools.partial(torch_contexts, [aten.mm.default]))
+    _, nothing = compiled_step(sac.context_fn(sac.nothing_saveable()))
+    assert saved == theirs
+    assert nothing < saved
+    for g, e in zip(got, eager_gradients(), strict=True):
+        torch.testing.assert_close(g, e)  # compiled kernels round differently
+
+
+def test_a_python_policy_function_is_handed_to_pytorch():
+    asked = []
+
+    def policy_fn(ctx, op, *args, **kwargs):
+        asked.append(op)
+        return CheckpointPolicy.MUST_SAVE if op == aten.mm.default else \
+            CheckpointPolicy.PREFER_RECOMPUTE
+
+    _, saved = compiled_step(sac.context_fn(policy_fn))
+    _, theirs = compiled_step(functools.partial(torch_contexts, [aten.mm.default]))
+    assert aten.mm.default in asked
+    assert saved == theirs
+
+
+def test_every_nth_counts_the_traced_calls():
+    # Three mm calls (x @ w1, h @ w2, h @ w2.t()): the second is saved.
+    _, second = compiled_step(sac.context_fn(sac.every_nth("aten::mm", 2)))
+    _, nothing = compiled_step(sac.context_fn(sac.nothing_saveable()))
+    _, all_three = compiled_step(sac.context_fn([aten.mm.default]))
+    assert nothing < second < all_three
