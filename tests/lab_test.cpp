@@ -152,6 +152,51 @@ TEST_F(Lab, BudgetedPolicyKeepsWhatItPredictsWithinItsBudget) {
   }
 }
 
+// A matmul of a 3-D input is aten::mm and an aten::_unsafe_view of its
+// result: two cacheable calls on one storage. Saving the view alone keeps
+// the matmul's bytes, so a plan saves both or neither, and at every budget a
+// checkpoint keeps exactly the plan's bytes (found on Hugging Face's Llama,
+// where the view alone was chosen as free and the budget overrun).
+TEST_F(Lab, CallsSharingAStorageAreSavedTogether) {
+  torch::manual_seed(0);
+  const at::Tensor x = torch::randn({2, 8, 16}, torch::requires_grad());
+  const at::Tensor w = torch::randn({16, 32}, torch::requires_grad());
+  auto fn = [&](const at::Tensor& in) {
+    return torch::matmul(torch::tanh(torch::matmul(in, w)), w.t());
+  };
+  const sac::RegionProfile p = sac::profile([&] { fn(x); });
+  size_t sharing = 0;
+  for (const auto& c : p.calls()) {
+    if (!c.shares_storage_with.empty() && c.keepable()) {
+      ++sharing;
+      EXPECT_EQ(c.output_bytes, 0) << c10::toString(c.op.operator_name());
+      EXPECT_GT(p.calls()[c.shares_storage_with.front()].output_bytes, 0);
+    }
+  }
+  EXPECT_GE(sharing, 1u);
+
+  auto kept_by = [&](const sac::Policy& policy, std::vector<at::Tensor>* grads) {
+    const int64_t base = CountingAllocator::live_bytes();
+    at::Tensor y = sac::checkpoint(sac::CheckpointOptions().policy(policy), fn, x);
+    const at::Tensor loss = y.sum();
+    y = at::Tensor();
+    const int64_t kept =
+        CountingAllocator::live_bytes() - base - static_cast<int64_t>(loss.nbytes());
+    *grads = torch::autograd::grad({loss}, {x, w});
+    return kept;
+  };
+  const std::vector<at::Tensor> expected = torch::autograd::grad({fn(x).sum()}, {x, w});
+  std::vector<at::Tensor> grads;
+  const int64_t none = kept_by(sac::nothing_saveable(), &grads);
+  for (const double fraction : {0.0, 0.2, 0.4, 0.6, 0.8, 1.0}) {
+    SCOPED_TRACE(fraction);
+    const auto plan = sac::budgeted_plan({p}, sac::Budget::fraction(fraction));
+    EXPECT_LE(plan.kept_bytes, plan.budget_bytes);
+    EXPECT_EQ(kept_by(plan.policies[0], &grads) - none, plan.kept_bytes);
+    expect_bit_identical(expected, grads);
+  }
+}
+
 // Offload as a third choice, on synthetic profiles of calls on an
 // accelerator and on the CPU: the plan's total cost (recomputed time plus
 // trips to host memory) is the least any keep/offload/recompute assignment

@@ -2,6 +2,7 @@
 // module. python/sac/__init__.py is its front: it turns PyTorch's arguments
 // (op overloads, policy functions) into these.
 #include "hooks_bridge.h"
+#include "lab.h"
 #include "python_policy.h"
 
 #include <sac/sac.h>
@@ -73,9 +74,10 @@ class Region {
   std::optional<CheckpointRegion> region_;
 };
 
-py::tuple contexts(const Policy& policy, bool allow_cache_entry_mutation) {
-  SelectiveCheckpointContexts pair =
-      create_selective_checkpoint_contexts(policy, allow_cache_entry_mutation);
+py::tuple contexts(const Policy& policy, bool allow_cache_entry_mutation,
+                   std::shared_ptr<RegionStatistics> statistics) {
+  SelectiveCheckpointContexts pair = create_selective_checkpoint_contexts(
+      policy, allow_cache_entry_mutation, /*offload_to=*/nullptr, std::move(statistics));
   return py::make_tuple(Mode(pair.caching, "caching"), Mode(pair.cached, "cached"));
 }
 
@@ -98,6 +100,7 @@ PYBIND11_MODULE(_C, m) {
     }
   });
   sac::python::install_hooks_bridge(m);
+  sac::python::add_lab(m);
   py::class_<Policy>(m, "Policy", "Which op calls to save, recompute or offload.")
       .def("describe", &Policy::describe)
       .def("__repr__", [](const Policy& p) { return "sac.Policy(" + p.describe() + ")"; });
@@ -122,19 +125,24 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<sac::python::Region>(m, "Region", "sac::CheckpointRegion, as a context manager.")
       .def(py::init([](std::optional<Policy> policy, bool preserve_rng_state, bool debug,
-                       bool allow_cache_entry_mutation) {
+                       bool allow_cache_entry_mutation,
+                       std::shared_ptr<RegionStatistics> statistics) {
              CheckpointOptions options;
              if (policy) {
                options.policy(*policy);
              }
              options.preserve_rng_state(preserve_rng_state).debug(debug);
-             if (allow_cache_entry_mutation) {  // an error without a policy
+             // Both are errors without a policy, so they are set only when asked for.
+             if (allow_cache_entry_mutation) {
                options.allow_cache_entry_mutation(true);
+             }
+             if (statistics) {
+               options.statistics(std::move(statistics));
              }
              return std::make_unique<sac::python::Region>(std::move(options));
            }),
            py::arg("policy"), py::arg("preserve_rng_state"), py::arg("debug"),
-           py::arg("allow_cache_entry_mutation"))
+           py::arg("allow_cache_entry_mutation"), py::arg("statistics"))
       .def("__enter__", [](sac::python::Region& region) -> sac::python::Region& {
              HANDLE_TH_ERRORS
              region.enter();
@@ -149,7 +157,8 @@ PYBIND11_MODULE(_C, m) {
       });
 
   m.def("create_selective_checkpoint_contexts", &sac::python::contexts,
-        py::arg("policy"), py::arg("allow_cache_entry_mutation") = false);
+        py::arg("policy"), py::arg("allow_cache_entry_mutation") = false,
+        py::arg("statistics") = nullptr);
 
   // Policies.
   m.def("save_ops", &Policy::save_ops, py::arg("op_names"));

@@ -34,7 +34,13 @@ if torch.__version__ != _built_with.torch_version:
 
 from . import _C  # noqa: E402  (after torch: libtorch must be loaded first)
 from ._C import (  # noqa: E402,F401
+    BudgetedPlan,
+    Explanation,
     Policy,
+    Profile,
+    Statistics,
+    budgeted_plan,
+    budgeted_policy,
     all_of,
     any_of,
     compute_intensive_ops,
@@ -108,25 +114,29 @@ def as_policy(policy_fn_or_list):
         f"{type(policy_fn_or_list).__name__}")
 
 
-def create_selective_checkpoint_contexts(policy_fn_or_list, allow_cache_entry_mutation=False):
+def create_selective_checkpoint_contexts(policy_fn_or_list, allow_cache_entry_mutation=False,
+                                         *, statistics=None):
     """PyTorch's function of the same name, with sac's modes: returns the
     (caching, cached) pair of context managers that checkpoint's context_fn
     returns. Create one pair per checkpointed call. Under torch.compile it
-    returns PyTorch's own pair with the same answers (see context_fn)."""
+    returns PyTorch's own pair with the same answers (see context_fn).
+    Both modes count into `statistics` (a sac.Statistics) if given."""
     return _contexts(as_policy(policy_fn_or_list), allow_cache_entry_mutation,
-                     _python_fn(policy_fn_or_list))
+                     _python_fn(policy_fn_or_list), statistics)
 
 
-def context_fn(policy_fn_or_list, allow_cache_entry_mutation=False):
+def context_fn(policy_fn_or_list, allow_cache_entry_mutation=False, *, statistics=None):
     """What `context_fn=` takes: a function returning a new pair of sac's
-    modes per call. The policy is built (op names resolved) once, now.
+    modes per call. The policy is built (op names resolved) once, now. Every
+    pair counts into `statistics` (a sac.Statistics) if given.
 
     Under torch.compile, Inductor plans recomputation from the tags that
     PyTorch's own modes put on the traced graph, so there the pair is
     PyTorch's, asking the same policy: a Python function directly, any other
     policy through sac's C++ answer for each traced call."""
     return functools.partial(_contexts, as_policy(policy_fn_or_list),
-                             allow_cache_entry_mutation, _python_fn(policy_fn_or_list))
+                             allow_cache_entry_mutation, _python_fn(policy_fn_or_list),
+                             statistics)
 
 
 def _python_fn(policy_fn_or_list):
@@ -135,11 +145,12 @@ def _python_fn(policy_fn_or_list):
     return None
 
 
-def _contexts(policy, allow_cache_entry_mutation, python_fn):
+def _contexts(policy, allow_cache_entry_mutation, python_fn, statistics=None):
     if torch.compiler.is_compiling():
         return torch.utils.checkpoint.create_selective_checkpoint_contexts(
             python_fn or _AsPyTorchPolicy(policy), allow_cache_entry_mutation)
-    return _C.create_selective_checkpoint_contexts(policy, allow_cache_entry_mutation)
+    return _C.create_selective_checkpoint_contexts(policy, allow_cache_entry_mutation,
+                                                   statistics)
 
 
 class _AsPyTorchPolicy:
@@ -159,7 +170,7 @@ class _AsPyTorchPolicy:
 
 
 def region(policy=None, *, preserve_rng_state=True, debug=False,
-           allow_cache_entry_mutation=False):
+           allow_cache_entry_mutation=False, statistics=None):
     """sac::CheckpointRegion for Python code: what runs inside
 
         with sac.region(policy=[torch.ops.aten.mm.default]):
@@ -171,7 +182,8 @@ def region(policy=None, *, preserve_rng_state=True, debug=False,
     statistics) are written once, by the forward. Needs sac's fallback-key
     mechanism (SAC_DISPATCH=fallback); under per-op kernels entering it is an
     error. Without a policy everything is recomputed. One `with` per
-    sac.region(...) value."""
+    sac.region(...) value. A selective region counts into `statistics` (a
+    sac.Statistics) if given."""
     if not mechanism().startswith("fallback"):
         raise RuntimeError(
             f"sac.region records every op of the region below autograd, views and in-place "
@@ -180,4 +192,17 @@ def region(policy=None, *, preserve_rng_state=True, debug=False,
             f"a function with torch.utils.checkpoint.checkpoint(fn, ..., use_reentrant=False, "
             f"context_fn=sac.context_fn(policy)), which works with either mechanism.")
     return _C.Region(None if policy is None else as_policy(policy),
-                     preserve_rng_state, debug, allow_cache_entry_mutation)
+                     preserve_rng_state, debug, allow_cache_entry_mutation, statistics)
+
+
+def profile(region, runs=3):
+    """What the op calls of `region` (a function of no arguments, run `runs`
+    times as a plain forward) cost: a sac.Profile, whose calls are the
+    choices of a budgeted policy. Seed and restore what the runs change."""
+    return _C.profile(region, runs)
+
+
+def explain(policy, region):
+    """What `policy` does with `region` (a function of no arguments, run once
+    under the policy's caching mode), call by call: a sac.Explanation."""
+    return _C.explain(as_policy(policy), region)

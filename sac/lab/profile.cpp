@@ -34,6 +34,21 @@ c10::Device first_device(c10::ArrayRef<c10::IValue> outputs) {
   return device.value_or(c10::kCPU);
 }
 
+// Notes in `record`, call `index`, that `t`'s storage was made by an
+// earlier call.
+void share_storage(OpCallProfile& record, size_t index,
+                   const std::unordered_map<const c10::StorageImpl*, size_t>& made_by,
+                   const at::Tensor& t) {
+  auto maker = made_by.find(t.storage().unsafeGetStorageImpl());
+  if (maker == made_by.end() || maker->second == index) {
+    return;
+  }
+  auto& shared = record.shares_storage_with;
+  if (std::find(shared.begin(), shared.end(), maker->second) == shared.end()) {
+    shared.push_back(maker->second);
+  }
+}
+
 class Profiler final : public dispatch::OpObserver {
  public:
   void before_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> args) override {
@@ -50,7 +65,11 @@ class Profiler final : public dispatch::OpObserver {
     record.seconds = seconds;
     for (const auto& output : outputs) {
       dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
-        record.output_bytes += storages_.meet(t);
+        const int64_t bytes = storages_.meet(t);
+        if (bytes > 0) {
+          made_by_[t.storage().unsafeGetStorageImpl()] = records.size();
+        }
+        record.output_bytes += bytes;
       });
     }
     record.device = first_device(outputs);
@@ -66,6 +85,7 @@ class Profiler final : public dispatch::OpObserver {
           watch.writers.emplace_back(t);
           if (record.cacheable) {
             watch.calls.push_back(records.size());
+            share_storage(record, records.size(), made_by_, t);
           }
         }
       });
@@ -87,6 +107,7 @@ class Profiler final : public dispatch::OpObserver {
       }
     }
     watches_.clear();
+    made_by_.clear();
   }
 
   std::vector<OpCallProfile> records;
@@ -99,6 +120,8 @@ class Profiler final : public dispatch::OpObserver {
     std::vector<size_t> calls;
   };
   std::unordered_map<const c10::StorageImpl*, StorageWatch> watches_;
+  // The call whose outputs first held each storage the region made.
+  std::unordered_map<const c10::StorageImpl*, size_t> made_by_;
   std::unordered_map<c10::OperatorHandle, size_t> calls_of_;
   NewStorages storages_;
   Clock::time_point started_;

@@ -51,6 +51,11 @@ struct OpCallProfile {
   // nn::Linear adds its bias in place on 3-D input): sac would demote the
   // call to recomputation, so saving it keeps nothing.
   bool modified_later = false;
+  // Earlier calls (indices in RegionProfile::calls()) whose new storage this
+  // cacheable call's outputs hold too, as aten::_unsafe_view holds a
+  // matmul's result: saving either keeps those bytes, which are counted once,
+  // at the call that made them. A budgeted plan saves such calls together.
+  std::vector<size_t> shares_storage_with;
 
   // A choice for a policy: cacheable and kept when saved.
   bool keepable() const { return cacheable && !modified_later; }

@@ -1,0 +1,157 @@
+#include "lab.h"
+
+#include "python_policy.h"
+
+#include <sac/sac.h>
+
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace sac::python {
+namespace {
+
+template <typename Printable, typename... Args>
+std::string printed(const Printable& value, Args... args) {
+  std::ostringstream out;
+  value.print(out, args...);
+  return out.str();
+}
+
+// Exactly one of the two, as sac::Budget takes it.
+Budget budget_of(std::optional<int64_t> bytes, std::optional<double> fraction) {
+  TORCH_CHECK(bytes.has_value() != fraction.has_value(),
+              "sac: give the budget as bytes=... or as fraction=... (of what saving every "
+              "keepable call keeps), exactly one of them.");
+  return bytes ? Budget::bytes(*bytes) : Budget::fraction(*fraction);
+}
+
+RegionProfile::SortBy sort_by(const std::string& name) {
+  if (name == "order") return RegionProfile::SortBy::Order;
+  if (name == "bytes") return RegionProfile::SortBy::Bytes;
+  if (name == "time") return RegionProfile::SortBy::Time;
+  TORCH_CHECK(false, "sac: sort by \"order\", \"bytes\" or \"time\", not \"", name, "\"");
+}
+
+std::string op_name(const OpCallProfile& call) {
+  return c10::toString(call.op.operator_name());
+}
+
+const char* outcome_name(ExplainedCall::Outcome outcome) {
+  switch (outcome) {
+    case ExplainedCall::Outcome::NotDecided: return "not_decided";
+    case ExplainedCall::Outcome::Saved: return "saved";
+    case ExplainedCall::Outcome::Offloaded: return "offloaded";
+    case ExplainedCall::Outcome::Recomputed: return "recomputed";
+  }
+  return "?";
+}
+
+py::dict counts_as_dict(const RegionCounts& c) {
+  py::dict d;
+#define SAC_COUNT(field) d[#field] = c.field
+  SAC_COUNT(forwards); SAC_COUNT(calls_seen); SAC_COUNT(calls_saved);
+  SAC_COUNT(calls_offloaded); SAC_COUNT(calls_recomputed); SAC_COUNT(calls_demoted);
+  SAC_COUNT(tags); SAC_COUNT(bytes_kept); SAC_COUNT(bytes_offloaded);
+  SAC_COUNT(bytes_dropped); SAC_COUNT(collectives_issued); SAC_COUNT(recomputations);
+  SAC_COUNT(calls_served); SAC_COUNT(calls_rerun); SAC_COUNT(collectives_reissued);
+  SAC_COUNT(recompute_seconds);
+#undef SAC_COUNT
+  return d;
+}
+
+}  // namespace
+
+void add_lab(py::module_& m) {
+  py::class_<RegionStatistics, std::shared_ptr<RegionStatistics>>(
+      m, "Statistics",
+      "What selective regions did with their ops, summed over the regions given it.")
+      .def(py::init<>())
+      .def("read", [](const RegionStatistics& s) { return counts_as_dict(s.read()); },
+           "The counts so far, as a dict (sac/cache/statistics.h says what each means).")
+      .def("reset", &RegionStatistics::reset)
+      .def("__str__", [](const RegionStatistics& s) { return printed(s.read()); });
+
+  py::class_<OpCallProfile>(m, "OpCall", "One op call of a profiled region.")
+      .def_property_readonly("op", &op_name)
+      .def_readonly("call", &OpCallProfile::call)
+      .def_readonly("output_bytes", &OpCallProfile::output_bytes)
+      .def_readonly("seconds", &OpCallProfile::seconds)
+      .def_readonly("view", &OpCallProfile::view)
+      .def_readonly("in_place", &OpCallProfile::in_place)
+      .def_readonly("random", &OpCallProfile::random)
+      .def_readonly("collective", &OpCallProfile::collective)
+      .def_readonly("cacheable", &OpCallProfile::cacheable)
+      .def_readonly("modified_later", &OpCallProfile::modified_later)
+      .def_property_readonly("keepable", &OpCallProfile::keepable)
+      .def("__repr__", [](const OpCallProfile& c) {
+        return "<sac.OpCall " + op_name(c) + " #" + std::to_string(c.call) + ", " +
+               std::to_string(c.output_bytes) + " bytes>";
+      });
+
+  py::class_<RegionProfile>(m, "Profile", "What a region's ops cost, call by call.")
+      .def_property_readonly("calls", &RegionProfile::calls)
+      .def("keepable_bytes", &RegionProfile::keepable_bytes)
+      .def("keepable_seconds", &RegionProfile::keepable_seconds)
+      .def("table", [](const RegionProfile& p, const std::string& sort, size_t limit) {
+             return printed(p, sort_by(sort), limit);
+           }, py::arg("sort") = "order", py::arg("limit") = 0)
+      .def("csv", [](const RegionProfile& p) {
+        std::ostringstream out;
+        p.write_csv(out);
+        return out.str();
+      })
+      .def("__str__", [](const RegionProfile& p) { return printed(p); });
+
+  m.def("profile",
+        [](const std::function<void()>& region, int runs) { return profile(region, runs); },
+        py::arg("region"), py::arg("runs") = 3);
+
+  py::class_<BudgetedPlan>(m, "BudgetedPlan", "One budget shared by several regions.")
+      .def_readonly("policies", &BudgetedPlan::policies)
+      .def_readonly("budget_bytes", &BudgetedPlan::budget_bytes)
+      .def_readonly("kept_bytes", &BudgetedPlan::kept_bytes)
+      .def_readonly("recompute_seconds", &BudgetedPlan::recompute_seconds)
+      .def_readonly("exact", &BudgetedPlan::exact)
+      .def_readonly("gap_seconds", &BudgetedPlan::gap_seconds)
+      .def_readonly("solver_seconds", &BudgetedPlan::solver_seconds);
+  m.def("budgeted_plan",
+        [](const std::vector<RegionProfile>& profiles, std::optional<int64_t> bytes,
+           std::optional<double> fraction) {
+          return budgeted_plan(profiles, budget_of(bytes, fraction));
+        },
+        py::arg("profiles"), py::kw_only(), py::arg("bytes") = py::none(),
+        py::arg("fraction") = py::none());
+  m.def("budgeted_policy",
+        [](const RegionProfile& profile, std::optional<int64_t> bytes,
+           std::optional<double> fraction) {
+          return budgeted_policy(profile, budget_of(bytes, fraction));
+        },
+        py::arg("profile"), py::kw_only(), py::arg("bytes") = py::none(),
+        py::arg("fraction") = py::none());
+
+  py::class_<ExplainedCall>(m, "ExplainedCall", "One call, the policy's answer and its fate.")
+      .def_readonly("profile", &ExplainedCall::profile)
+      .def_property_readonly("answer", [](const ExplainedCall& c) -> py::object {
+        return c.answer ? to_python(*c.answer) : py::none();
+      })
+      .def_property_readonly("outcome", [](const ExplainedCall& c) {
+        return outcome_name(c.outcome);
+      });
+  py::class_<Explanation>(m, "Explanation", "What a policy does with a region, call by call.")
+      .def_property_readonly("calls", &Explanation::calls)
+      .def("kept_bytes", &Explanation::kept_bytes)
+      .def("offloaded_bytes", &Explanation::offloaded_bytes)
+      .def("recompute_seconds", &Explanation::recompute_seconds)
+      .def("__str__", [](const Explanation& e) { return printed(e); });
+  m.def("explain", &explain, py::arg("policy"), py::arg("region"));
+}
+
+}  // namespace sac::python

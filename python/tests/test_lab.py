@@ -1,0 +1,139 @@
+"""sac's policy lab from Python: profiles, budgeted policies (exact in bytes,
+on Hugging Face models), explanations and statistics."""
+import ctypes
+import os
+
+import pytest
+import torch
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint
+
+import sac
+import test_models as models
+from test_region import FALLBACK
+
+aten = torch.ops.aten
+LIBRARY = os.environ.get("SAC_COUNTING_ALLOCATOR")
+
+
+def block(x, w1, w2):
+    h = torch.relu(x @ w1)
+    h = torch.sigmoid(h @ w2) * h
+    return (h @ w2.t()).tanh().sum(dim=1)
+
+
+def leaves():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(*shape, generator=g, requires_grad=True)
+            for shape in [(16, 32), (32, 48), (48, 48)]]
+
+
+def test_a_profile_lists_the_calls_and_their_bytes():
+    args = leaves()
+    p = sac.profile(lambda: block(*args))
+    mms = [c for c in p.calls if c.op == "aten::mm"]
+    assert [c.call for c in mms] == [0, 1, 2]
+    assert all(c.output_bytes == 16 * 48 * 4 and c.keepable for c in mms)
+    assert p.keepable_bytes() == sum(c.output_bytes for c in p.calls if c.keepable)
+    assert "aten::mm" in p.table(sort="bytes", limit=3)
+    assert p.csv().startswith("op,call,output_bytes")
+    with pytest.raises(RuntimeError, match="sort by"):
+        p.table(sort="size")
+
+
+def test_a_budget_is_bytes_or_a_fraction():
+    args = leaves()
+    p = sac.profile(lambda: block(*args), runs=1)
+    with pytest.raises(RuntimeError, match="exactly one"):
+        sac.budgeted_policy(p, bytes=100, fraction=0.5)
+    with pytest.raises(RuntimeError, match="exactly one"):
+        sac.budgeted_policy(p)
+
+
+def test_an_explanation_and_the_statistics_agree():
+    args = leaves()
+    policy = [aten.mm.default]
+    e = sac.explain(policy, lambda: block(*args))
+    saved = [c for c in e.calls if c.outcome == "saved"]
+    assert [c.profile.op for c in saved] == ["aten::mm"] * 3
+    assert all(c.answer == CheckpointPolicy.MUST_SAVE for c in saved)
+    assert e.kept_bytes() == 3 * 16 * 48 * 4
+    assert "saved" in str(e)
+
+    stats = sac.Statistics()
+    out = checkpoint(block, *args, use_reentrant=False,
+                     context_fn=sac.context_fn(policy, statistics=stats))
+    counts = stats.read()
+    assert (counts["forwards"], counts["calls_saved"], counts["bytes_kept"]) == \
+        (1, 3, e.kept_bytes())
+    out.sum().backward()
+    counts = stats.read()
+    assert counts["recomputations"] == 1 and counts["calls_served"] == 3
+    stats.reset()
+    assert stats.read()["forwards"] == 0
+
+
+def whole_model_step(model, batch, context_fn=None, region_policy=None, count=None):
+    """One step with the whole forward checkpointed once (by PyTorch's
+    checkpoint with `context_fn`, or by sac.region): loss, gradients, and the
+    bytes kept after the forward if `count` is the counting allocator."""
+    model = models.copy.deepcopy(model)
+    model.train()
+    torch.manual_seed(7)
+    before = count.sac_counting_live_bytes() if count else 0
+    if region_policy is not None:
+        with sac.region(region_policy):
+            out = model(**batch).loss
+    elif context_fn is not None:
+        out = checkpoint(lambda b: model(**b).loss, batch, use_reentrant=False,
+                         context_fn=context_fn)
+    else:
+        out = model(**batch).loss
+    # The output is dropped before counting (a copy kept): its storage then
+    # stays only if the policy keeps the call that returned it.
+    loss = out * 1
+    del out
+    kept = count.sac_counting_live_bytes() - before - loss.nbytes if count else None
+    loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    return (loss.detach(), grads), kept
+
+
+@pytest.fixture(scope="module")
+def counting():
+    if not LIBRARY:
+        pytest.skip("SAC_COUNTING_ALLOCATOR names no counting allocator library")
+    library = ctypes.CDLL(LIBRARY)
+    library.sac_counting_live_bytes.restype = ctypes.c_int64
+    library.sac_counting_install()
+    return library
+
+
+@pytest.mark.parametrize("architecture", [models.gpt2, models.llama, models.bart],
+                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize("fraction", [0.25, 0.6])
+def test_a_budgeted_policy_keeps_its_plan_exactly(architecture, fraction, counting):
+    torch.manual_seed(0)
+    model, batch = architecture()
+    expected, _ = whole_model_step(model, batch)
+
+    profiled = models.copy.deepcopy(model)
+    profiled.train()
+
+    def forward():
+        torch.manual_seed(7)
+        profiled(**batch).loss
+
+    plan = sac.budgeted_plan([sac.profile(forward, runs=1)], fraction=fraction)
+    policy = plan.policies[0]
+    assert plan.exact and plan.kept_bytes <= plan.budget_bytes
+
+    runs = [("checkpoint", dict(context_fn=sac.context_fn(policy)),
+             dict(context_fn=sac.context_fn(sac.nothing_saveable())))]
+    if FALLBACK:
+        runs.append(("region", dict(region_policy=policy),
+                     dict(region_policy=sac.nothing_saveable())))
+    for what, budgeted, full in runs:
+        got, kept = whole_model_step(model, batch, count=counting, **budgeted)
+        _, kept_full = whole_model_step(model, batch, count=counting, **full)
+        models.assert_identical(got, expected, f"{what} with a budgeted policy")
+        assert kept - kept_full == plan.kept_bytes, (what, kept, kept_full, plan.kept_bytes)
