@@ -225,3 +225,28 @@ def test_demotion_warning_names_both_ops():
         got = gradients(sac.context_fn([aten.sin.default]), fn=mutating)
     assert any(writer in str(w.message) for w in caught), [str(w.message) for w in caught]
     assert_identical(got, gradients(fn=mutating))
+
+
+@pytest.mark.parametrize("contexts", [sac.context_fn([aten.mm.default]),
+                                      functools.partial(torch_contexts, [aten.mm.default])],
+                         ids=["sac", "pytorch"])
+def test_graph_exec_group_recomputes_once_for_two_backwards(contexts):
+    # Two outputs on separate parts of the region, backwarded one at a time
+    # inside PyTorch's GraphExecGroup: one recomputation serves both (without
+    # the group, the second backward is refused by sac and PyTorch alike).
+    def two_heads(x, w1, w2):
+        h = torch.relu(x @ w1)
+        return (h @ w2).sum(), torch.sigmoid(h).sum()
+
+    def run(context_fn):
+        args = inputs()
+        if context_fn is None:
+            a, b = two_heads(*args)
+        else:
+            a, b = checkpoint(two_heads, *args, use_reentrant=False, context_fn=context_fn)
+        with torch.utils.checkpoint.GraphExecGroup():
+            torch.autograd.backward([a], inputs=[args[2]], retain_graph=True)
+            torch.autograd.backward([b], inputs=[args[0], args[1]])
+        return [a.detach(), b.detach()] + [t.grad for t in args]
+
+    assert_identical(run(contexts), run(None))
