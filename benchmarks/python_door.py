@@ -28,8 +28,11 @@ import ctypes
 import functools
 import gc
 import os
+import shutil
+import subprocess
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -156,6 +159,62 @@ def step_table(steps, counting):
     return rows
 
 
+def plot(per_op_rows, step_rows, png):
+    """Two panels: per-op added cost (PyTorch's SAC and sac, log scale), and
+    step time against bytes kept after the forward, per model and mode."""
+    gnuplot = shutil.which("gnuplot")
+    if gnuplot is None:
+        print(f"gnuplot is not installed: {png} not drawn")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        costs = os.path.join(tmp, "costs.dat")
+        with open(costs, "w") as f:
+            for name, theirs, ours in per_op_rows:
+                label = name.split(" (")[0].replace(" ", "\\n", 1)
+                f.write(f'"{label}" {theirs if theirs is not None else "NaN"} {ours}\n')
+        steps = os.path.join(tmp, "steps.dat")
+        with open(steps, "w") as f:
+            for model_name in dict.fromkeys(r[0] for r in step_rows):
+                f.write(f"# {model_name}\n")
+                for name, mode, kept, ms, _ in step_rows:
+                    if name == model_name:
+                        f.write(f'{ms:.2f} {kept:.3f} "{mode}"\n')
+                f.write("\n\n")
+        models = list(dict.fromkeys(r[0] for r in step_rows))
+        script = f"""
+set terminal pngcairo size 1280,540 noenhanced font ',11'
+set output '{png}'
+set multiplot layout 1,2 title "sac from Python beside PyTorch's SAC ({sac.mechanism()}; torch {torch.__version__}, CPU)"
+set title 'added cost per aten::mul call in the caching mode'
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8 border -1
+set logscale y
+set ylabel 'microseconds (log scale)'
+set yrange [0.1:100]
+set grid ytics
+set key top right
+set bmargin 4
+plot '{costs}' using 2:xtic(1) title "PyTorch's SAC" lc rgb '#d62728', \\
+     '' using 3 title 'sac' lc rgb '#1f77b4'
+unset logscale y
+set yrange [*:*]
+set style data points
+set title 'training step: time against bytes kept after the forward'
+set xlabel 'ms per step (median)'
+set ylabel 'MiB kept after the forward (counting allocator)'
+set key top right
+set offsets graph 0.05, graph 0.2, graph 0.08, graph 0.08
+plot '{steps}' index 0 using 1:2 with points pt 7 ps 1.5 lc rgb '#1f77b4' title '{models[0]}', \\
+     '' index 0 using 1:2:3 with labels offset char 1,0.5 left font ',9' notitle, \\
+     '{steps}' index 1 using 1:2 with points pt 5 ps 1.5 lc rgb '#2ca02c' title '{models[1]}', \\
+     '' index 1 using 1:2:3 with labels offset char 1,-0.5 left font ',9' notitle
+unset multiplot
+"""
+        subprocess.run([gnuplot], input=script, text=True, check=True)
+    print(f"plot: {png}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ops", type=int, default=500)
@@ -165,6 +224,7 @@ def main():
     parser.add_argument("--allocator", required=True,
                         help="build/benchmarks/libsac_counting_allocator.so")
     parser.add_argument("--out", default=None, help="file for the tables")
+    parser.add_argument("--plot", default=None, help="PNG for the plot (gnuplot)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     counting = ctypes.CDLL(args.allocator)
@@ -185,13 +245,16 @@ def main():
               "forward (counting allocator):", "",
               "| model | mode | kept after fwd (MiB) | ms/step | grads identical to none |",
               "| --- | --- | ---: | ---: | --- |"]
-    for model_name, mode, kept, ms, same in step_table(args.steps, counting):
+    steps = step_table(args.steps, counting)
+    for model_name, mode, kept, ms, same in steps:
         lines.append(f"| {model_name} | {mode} | {kept:.2f} | {ms:.1f} | {'yes' if same else 'NO'} |")
     text = "\n".join(lines)
     print(text)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
+    if args.plot:
+        plot(rows, steps, args.plot)
 
 
 if __name__ == "__main__":
