@@ -1,7 +1,9 @@
 """sac's contexts inside torch.utils.checkpoint: exact gradients, PyTorch's
 arguments, clear errors, and nothing left behind by an exception."""
+import copy
 import functools
 import os
+import threading
 
 import pytest
 import torch
@@ -250,3 +252,42 @@ def test_graph_exec_group_recomputes_once_for_two_backwards(contexts):
         return [a.detach(), b.detach()] + [t.grad for t in args]
 
     assert_identical(run(contexts), run(None))
+
+
+def test_checkpoint_wrapper_takes_sac_s_context_fn():
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl, checkpoint_wrapper)
+
+    torch.manual_seed(0)
+    layer = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32))
+    wrapped = checkpoint_wrapper(copy.deepcopy(layer),
+                                 checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+                                 context_fn=sac.context_fn([aten.addmm.default]))
+    x = torch.randn(8, 32, requires_grad=True)
+    expected = torch.autograd.grad(layer(x).square().sum(), [x, *layer.parameters()])
+    got = torch.autograd.grad(wrapped(x).square().sum(), [x, *wrapped.parameters()])
+    assert_identical(list(got), list(expected))
+
+
+@pytest.mark.parametrize("policy", [[aten.mm.default], sac.torchtitan_default()],
+                         ids=["op_list", "torchtitan_default"])
+def test_threads_checkpoint_with_sac_s_modes_at_once(policy):
+    expected = gradients()
+    results, errors = [], []
+
+    def worker():
+        try:
+            for _ in range(10):
+                results.append(gradients(sac.context_fn(policy)))
+        except Exception as e:  # reported below, on the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(results) == 40
+    for got in results:
+        assert_identical(got, expected)
