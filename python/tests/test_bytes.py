@@ -11,6 +11,7 @@ from torch.utils.checkpoint import create_selective_checkpoint_contexts as torch
 
 import sac
 import test_models as models
+from counting import no_collection
 from test_region import needs_fallback
 
 LIBRARY = os.environ.get("SAC_COUNTING_ALLOCATOR")
@@ -30,9 +31,10 @@ def kept_after_forward(model, batch, context_fn):
     model.train()
     models.enable_checkpointing(model, context_fn)
     torch.manual_seed(7)
-    before = counting.sac_counting_live_bytes()
-    loss = model(**batch).loss
-    kept = counting.sac_counting_live_bytes() - before
+    with no_collection():
+        before = counting.sac_counting_live_bytes()
+        loss = model(**batch).loss
+        kept = counting.sac_counting_live_bytes() - before
     loss.backward()
     return kept
 
@@ -59,14 +61,15 @@ def kept_by_one_region(model, batch, policy):
     model = models.copy.deepcopy(model)
     model.train()
     torch.manual_seed(7)
-    before = counting.sac_counting_live_bytes()
-    if callable(policy):
-        loss = torch.utils.checkpoint.checkpoint(lambda b: model(**b).loss, batch,
-                                                 use_reentrant=False, context_fn=policy)
-    else:
-        with sac.region(policy):
-            loss = model(**batch).loss
-    kept = counting.sac_counting_live_bytes() - before
+    with no_collection():
+        before = counting.sac_counting_live_bytes()
+        if callable(policy):
+            loss = torch.utils.checkpoint.checkpoint(lambda b: model(**b).loss, batch,
+                                                     use_reentrant=False, context_fn=policy)
+        else:
+            with sac.region(policy):
+                loss = model(**batch).loss
+        kept = counting.sac_counting_live_bytes() - before
     loss.backward()
     return kept
 

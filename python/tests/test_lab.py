@@ -9,6 +9,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint
 
 import sac
 import test_models as models
+from counting import no_collection
 from test_region import FALLBACK
 
 aten = torch.ops.aten
@@ -79,20 +80,21 @@ def whole_model_step(model, batch, context_fn=None, region_policy=None, count=No
     model = models.copy.deepcopy(model)
     model.train()
     torch.manual_seed(7)
-    before = count.sac_counting_live_bytes() if count else 0
-    if region_policy is not None:
-        with sac.region(region_policy):
+    with no_collection():
+        before = count.sac_counting_live_bytes() if count else 0
+        if region_policy is not None:
+            with sac.region(region_policy):
+                out = model(**batch).loss
+        elif context_fn is not None:
+            out = checkpoint(lambda b: model(**b).loss, batch, use_reentrant=False,
+                             context_fn=context_fn)
+        else:
             out = model(**batch).loss
-    elif context_fn is not None:
-        out = checkpoint(lambda b: model(**b).loss, batch, use_reentrant=False,
-                         context_fn=context_fn)
-    else:
-        out = model(**batch).loss
-    # The output is dropped before counting (a copy kept): its storage then
-    # stays only if the policy keeps the call that returned it.
-    loss = out * 1
-    del out
-    kept = count.sac_counting_live_bytes() - before - loss.nbytes if count else None
+        # The output is dropped before counting (a copy kept): its storage
+        # then stays only if the policy keeps the call that returned it.
+        loss = out * 1
+        del out
+        kept = count.sac_counting_live_bytes() - before - loss.nbytes if count else None
     loss.backward()
     grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     return (loss.detach(), grads), kept
