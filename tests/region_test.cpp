@@ -397,17 +397,18 @@ TEST(Region, TrainingIterations) {
 }
 
 // The replay stops once the last holder is filled: ops after the last
-// saved tensor are not replayed. Every op's output is cached, and the graph
-// is retained, so the calls the replay did not serve are still in the cache.
+// saved tensor are not replayed. Every op's output is cached; the calls the
+// replay did not serve are freed when it ends, not with the region.
 TEST(Region, EarlyStopEndsTheReplayAtTheLastSavedTensor) {
   REQUIRE_REGION();
   auto x = torch::randn({8}, torch::requires_grad());
   auto replayed_calls = [&](bool early_stop) {
     std::shared_ptr<sac::OpCache> cache;
+    auto stats = std::make_shared<sac::RegionStatistics>();
     auto options = sac::CheckpointOptions()
-                       .context_fn([&cache] {
-                         auto contexts =
-                             sac::create_selective_checkpoint_contexts(sac::everything_saveable());
+                       .context_fn([&cache, stats] {
+                         auto contexts = sac::create_selective_checkpoint_contexts(
+                             sac::everything_saveable(), false, nullptr, stats);
                          cache = contexts.cache;
                          return sac::RegionContexts(contexts);
                        })
@@ -418,8 +419,11 @@ TEST(Region, EarlyStopEndsTheReplayAtTheLastSavedTensor) {
       return ((h * 2) + 1).neg();
     });
     EXPECT_EQ(cache->saved_calls(), 5u);
+    EXPECT_GT(cache->bytes(), 0u);
     y.sum().backward({}, /*retain_graph=*/true);
-    return 5 - static_cast<int>(cache->saved_calls());
+    EXPECT_EQ(cache->saved_calls(), 0u);
+    EXPECT_EQ(cache->bytes(), 0u);
+    return static_cast<int>(stats->read().calls_served);
   };
   // exp saves its output: the replay stops right after it.
   EXPECT_EQ(replayed_calls(/*early_stop=*/true), 2);

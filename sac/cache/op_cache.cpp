@@ -408,6 +408,20 @@ OpCache::Served OpCache::take(const c10::OperatorHandle& op, size_t index,
   return served;
 }
 
+void OpCache::release_untaken() {
+  if (recording_) {
+    return;  // the backward after the forward takes them
+  }
+  for (auto& [op, calls] : calls_) {
+    for (Call& call : calls) {
+      if (call.state == Call::State::Saved) {
+        drop(call);
+        call.state = Call::State::Served;
+      }
+    }
+  }
+}
+
 void OpCache::clear() {
   calls_.clear();
   storages_.clear();

@@ -296,6 +296,10 @@ void CachedMode::on_outermost_enter() {
 }
 
 void CachedMode::on_outermost_exit() {
+  // The pass is over: what it did not take, no later pass may (a region
+  // with a policy is backwarded once), so it is freed now rather than with
+  // the region.
+  cache_->release_untaken();
   if (statistics_ == nullptr) {
     return;
   }

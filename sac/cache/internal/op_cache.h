@@ -166,6 +166,12 @@ class OpCache {
   // place since it was stored and `allow_mutation` is false.
   Served take(const c10::OperatorHandle& op, size_t call, bool allow_mutation);
 
+  // Drops the outputs of the saved calls not handed out, after a
+  // recomputation that stopped early (sac/checkpoint: once every tensor
+  // autograd saved is made again): no later pass may take them, since a
+  // region with a policy is backwarded once. Does nothing while recording.
+  void release_untaken();
+
   // Drops every call and the outputs it kept, and the collectives noted.
   void clear();
   // No call recorded (or all cleared).
