@@ -203,6 +203,9 @@ at::Tensor CheckpointFrame::unpack_unchecked(Holder& holder) {
 void CheckpointFrame::recompute(int64_t graph_task) {
   // Each recomputation is "sac::recompute" in the PyTorch profiler.
   ProfilerScope scope("sac::recompute");
+  if (RegionEvents* events = region_events()) {
+    events->recomputation_began(this);
+  }
   // A backward inside an enclosing region's forward can start this
   // recomputation while that region's modes are active on the thread; they
   // must not see (and record) its ops, which the ordinary backward's

@@ -197,6 +197,7 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
     kept[i] = true;
   }
   std::vector<std::vector<ChosenCallsRule::Chosen>> chosen(profiles.size());
+  plan.kept_calls.resize(profiles.size());
   plan.recompute_seconds = recompute_all;
   for (size_t i = 0; i < items.size(); ++i) {
     const Choice& c = choices[i];
@@ -208,6 +209,10 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
                                    kept[i] ? CheckpointPolicy::MustSave
                                            : CheckpointPolicy::MustCpuOffload});
       plan.recompute_seconds -= call->seconds;
+      if (kept[i]) {  // the choice's bytes go with its first call
+        plan.kept_calls[c.profile].push_back(
+            {call->op, call->call, call == c.calls.front() ? c.bytes : 0});
+      }
     }
     if (!kept[i]) {
       plan.offloaded_bytes += c.bytes;

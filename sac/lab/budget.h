@@ -67,6 +67,15 @@ struct BudgetedPlan {
   // Predicted: bytes kept after the forward, and the time of the calls the
   // recomputation runs (all profiled calls but the kept and offloaded ones).
   int64_t kept_bytes = 0;
+  // The calls each policy saves, in order, with the bytes each keeps (their
+  // sum is kept_bytes; calls that share a storage count it once): what
+  // sac::StepPhases::predict_peak (sac/lab/peak.h) adds to a step.
+  struct KeptCall {
+    c10::OperatorHandle op;
+    size_t call = 0;
+    int64_t bytes = 0;
+  };
+  std::vector<std::vector<KeptCall>> kept_calls;
   double recompute_seconds = 0;
   // Predicted, with offload as a choice: the bytes moved to host memory and
   // the time of their trips.

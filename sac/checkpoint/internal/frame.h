@@ -14,6 +14,7 @@
 #pragma once
 
 #include <sac/base/context.h>
+#include <sac/base/internal/region_events.h>
 #include <sac/base/internal/saved_tensor_hooks.h>
 #include <sac/checkpoint/internal/debug_log.h>
 #include <sac/checkpoint/internal/device_state.h>
@@ -55,10 +56,20 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
   RegionContext* forward_context() const { return contexts_.forward.get(); }
   // The forward context was entered: from now on the contexts hold state for
   // this region, which the frame releases when it dies.
-  void mark_forward_entered() { forward_entered_ = true; }
+  void mark_forward_entered() {
+    forward_entered_ = true;
+    if (RegionEvents* events = region_events()) {
+      events->forward_began(this);
+    }
+  }
   OpLog& forward_log() { return forward_log_; }
   const FrameConfig& config() const { return config_; }
-  void mark_forward_completed() { forward_completed_ = true; }
+  void mark_forward_completed() {
+    forward_completed_ = true;
+    if (RegionEvents* events = region_events()) {
+      events->forward_ended(this);
+    }
+  }
   // The forward ended by an exception: its saved tensors cannot be
   // recomputed, and what the recomputation kept is released now.
   void abandon();

@@ -1,0 +1,129 @@
+// A training step's peak under a plan, predicted from one step under full
+// recomputation (sac/lab/peak.h), against the peak the counting allocator
+// measures for the step under that plan.
+#include "tests/support.h"
+
+#include <sac/sac.h>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace {
+
+using sac_test::CountingAllocator;
+using sac_test::GptBlock;
+
+class Peak : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    sac_test::expect_configured_mechanism();
+    CountingAllocator::install();
+    at::set_num_threads(1);
+  }
+};
+
+sac::MemoryProbe counting_probe() {
+  return {[] { return CountingAllocator::live_bytes(); },
+          [] { return CountingAllocator::peak_bytes(); }, [] { CountingAllocator::reset_peak(); }};
+}
+
+// Four GPT blocks, each one region.
+struct Model {
+  std::vector<GptBlock> blocks;
+  at::Tensor x;
+
+  Model() {
+    torch::manual_seed(0);
+    for (int i = 0; i < 4; ++i) {
+      blocks.push_back(GptBlock(64, 4, 0.1));
+    }
+    x = torch::randn({2, 32, 64}, torch::requires_grad());
+  }
+
+  // Drops the gradients, so that every step allocates them as the first
+  // does.
+  void zero_grad() {
+    x.mutable_grad() = at::Tensor();
+    for (auto& block : blocks) {
+      for (auto& p : block->parameters()) {
+        p.mutable_grad() = at::Tensor();
+      }
+    }
+  }
+
+  // One training step, each block checkpointed under its policy.
+  void step(const std::vector<sac::Policy>& policies) {
+    torch::manual_seed(7);
+    at::Tensor h = x;
+    for (GptBlock& block : blocks) {
+      h = sac::checkpoint(sac::CheckpointOptions().policy(policies[&block - blocks.data()]),
+                          [&block](const at::Tensor& in) { return block->forward(in); }, h);
+    }
+    h.sum().backward();
+  }
+
+  // The step's peak over what was live before it.
+  int64_t measured_peak(const std::vector<sac::Policy>& policies) {
+    zero_grad();
+    const int64_t before = CountingAllocator::live_bytes();
+    CountingAllocator::reset_peak();
+    step(policies);
+    return CountingAllocator::peak_bytes() - before;
+  }
+
+  std::vector<sac::RegionProfile> profiles() {
+    std::vector<sac::RegionProfile> out;
+    torch::manual_seed(7);
+    at::Tensor h = x;
+    for (auto& block : blocks) {
+      const at::Tensor in = h;
+      out.push_back(sac::profile([&] { h = block->forward(in); }, 1));
+    }
+    return out;
+  }
+};
+
+sac::StepPhases measure_full_recomputation(Model& model) {
+  const std::vector<sac::Policy> nothing(4, sac::nothing_saveable());
+  model.step(nothing);  // warm-up: one-time allocations
+  model.zero_grad();
+  return sac::measure_step_phases(counting_probe(), [&] { model.step(nothing); });
+}
+
+// Exact on the CPU, where the counting allocator sees every byte: at each
+// budget, the plan's predicted peak is the step's measured peak.
+TEST_F(Peak, PredictedPeakIsTheMeasuredPeak) {
+  Model model;
+  const sac::StepPhases phases = measure_full_recomputation(model);
+  EXPECT_EQ(phases.regions(), 4);
+  // Each region's forward, the stretches between, the head, each backward.
+  EXPECT_EQ(phases.phases().size(), 1u + 4 * 2 + 4);
+  const auto profiles = model.profiles();
+  std::vector<int64_t> peaks;
+  for (int percent = 0; percent <= 100; percent += 10) {
+    SCOPED_TRACE(percent);
+    const auto plan = sac::budgeted_plan(profiles, sac::Budget::fraction(percent / 100.0));
+    const int64_t predicted = phases.predict_peak(plan);
+    EXPECT_EQ(predicted, model.measured_peak(plan.policies));
+    peaks.push_back(predicted);
+  }
+  // Keeping more never lowers the peak here, and keeping everything raises it.
+  EXPECT_EQ(peaks.front(), phases.peak());
+  EXPECT_GT(peaks.back(), peaks.front());
+}
+
+TEST_F(Peak, APlanForOtherRegionsIsAClearError) {
+  Model model;
+  const sac::StepPhases phases = measure_full_recomputation(model);
+  const auto profiles = model.profiles();
+  const auto plan = sac::budgeted_plan({profiles[0], profiles[1]}, sac::Budget::fraction(0.5));
+  const std::string message = sac_test::error_of([&] { phases.predict_peak(plan); });
+  EXPECT_NE(message.find("ran 4 regions, but the plan has 2 policies"), std::string::npos)
+      << message;
+}
+
+}  // namespace
