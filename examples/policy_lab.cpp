@@ -38,6 +38,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -122,6 +123,11 @@ struct Point {
   double measured_recompute_ms = 0;  // RegionStatistics::recompute_seconds
   double step_ms = 0;
   bool identical = false;
+  // The step's peak (forward + backward) over what was live before it:
+  // predicted for budgeted plans (sac/lab/peak.h), measured for all.
+  std::optional<sac::BudgetedPlan> plan;
+  int64_t predicted_peak = -1;
+  int64_t measured_peak = 0;
 };
 
 Point budget_point(const std::string& label, const std::string& kind,
@@ -135,6 +141,7 @@ Point budget_point(const std::string& label, const std::string& kind,
   p.predicted_bytes = plan.kept_bytes;
   p.predicted_recompute_ms = plan.recompute_seconds * 1e3;
   p.solver_ms = plan.solver_seconds * 1e3;
+  p.plan = plan;
   return p;
 }
 
@@ -228,6 +235,7 @@ std::vector<at::Tensor> gradients(Gpt& model) {
 
 struct Step {
   int64_t kept = 0;  // after the forward, over what was live before
+  int64_t peak = 0;  // during forward and backward, over the same
   double ms = 0;
   at::Tensor loss;
   std::vector<at::Tensor> grads;
@@ -235,12 +243,15 @@ struct Step {
 
 // One training step's forward and backward (no optimizer: every point sees
 // the same weights), each block checkpointed under its policy, or none.
+// Copies of the gradients are taken after the peak is read, unless
+// `keep_gradients` is false.
 Step step(Gpt& model, const Batch& batch, const std::vector<sac::Policy>* policies,
-          const std::shared_ptr<sac::RegionStatistics>& statistics) {
+          const std::shared_ptr<sac::RegionStatistics>& statistics, bool keep_gradients = true) {
   for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
   torch::manual_seed(42);  // the same dropout masks at every point
   Step s;
   const int64_t before = CountingAllocator::live_bytes();
+  CountingAllocator::reset_peak();
   const auto start = Clock::now();
   at::Tensor h = model->embed(batch.inputs);
   for (size_t i = 0; i < model->blocks->size(); ++i) {
@@ -259,8 +270,9 @@ Step step(Gpt& model, const Batch& batch, const std::vector<sac::Policy>* polici
   s.kept = CountingAllocator::live_bytes() - before;
   loss.backward();
   s.ms = ms_since(start);
+  s.peak = CountingAllocator::peak_bytes() - before;
   s.loss = loss.detach();
-  s.grads = gradients(model);
+  if (keep_gradients) s.grads = gradients(model);
   return s;
 }
 
@@ -277,12 +289,14 @@ bool identical(const Step& s, const Reference& reference) {
 // one step per point, so that the machine's drift touches every point alike;
 // medians of the recomputation and step times.
 void measure(std::vector<Point>& points, Gpt& model, const Batch& batch, int64_t runs,
-             int64_t baseline, const Reference& reference) {
+             int64_t baseline, const sac::StepPhases& phases, const Reference& reference) {
   auto statistics = std::make_shared<sac::RegionStatistics>();
   for (Point& p : points) {
     statistics->reset();
     const Step first = step(model, batch, &p.policies, statistics);
     p.measured_bytes = first.kept - baseline;
+    p.measured_peak = first.peak;
+    if (p.plan) p.predicted_peak = phases.predict_peak(*p.plan);
     p.statistics_bytes = statistics->read().bytes_kept;
     p.identical = identical(first, reference);
   }
@@ -306,14 +320,28 @@ void measure(std::vector<Point>& points, Gpt& model, const Batch& batch, int64_t
 
 // ---- Output ------------------------------------------------------------------
 
+// The step's peak, predicted and measured, for every budgeted plan.
+void print_peaks(const std::vector<Point>& points, int64_t full_recomputation) {
+  std::printf("\nthe step's peak (forward + backward), predicted from one step under full "
+              "recomputation (%.3f MiB) and measured:\n%-32s %14s %14s %10s\n",
+              mib(full_recomputation), "budgeted plan", "predicted MiB", "measured MiB",
+              "diff B");
+  for (const Point& p : points) {
+    if (p.predicted_peak < 0) continue;
+    std::printf("%-32s %14.3f %14.3f %10lld\n", p.label.c_str(), mib(p.predicted_peak),
+                mib(p.measured_peak), (long long)(p.predicted_peak - p.measured_peak));
+  }
+}
+
 void write_csv(const std::string& path, const std::vector<Point>& points) {
   std::ofstream out(path);
   out << "label,kind,predicted_bytes,measured_bytes,statistics_bytes,predicted_recompute_ms,"
-         "measured_recompute_ms,step_ms,solver_ms,identical\n";
+         "measured_recompute_ms,step_ms,solver_ms,identical,predicted_peak,measured_peak\n";
   for (const Point& p : points) {
     out << p.label << "," << p.kind << "," << p.predicted_bytes << "," << p.measured_bytes << ","
         << p.statistics_bytes << "," << p.predicted_recompute_ms << "," << p.measured_recompute_ms
-        << "," << p.step_ms << "," << p.solver_ms << "," << (p.identical ? 1 : 0) << "\n";
+        << "," << p.step_ms << "," << p.solver_ms << "," << (p.identical ? 1 : 0) << ","
+        << p.predicted_peak << "," << p.measured_peak << "\n";
   }
   if (!out) throw std::runtime_error("cannot write " + path);
 }
@@ -439,12 +467,21 @@ int run_lab(int argc, char** argv) {
   const std::vector<sac::Policy> nothing(blocks.modules.size(), sac::nothing_saveable());
   step(model, batch, &nothing, nullptr);
   const int64_t baseline = step(model, batch, &nothing, nullptr).kept;
+  // One step under full recomputation, phase by phase: the budgeted plans'
+  // peaks are predicted from it.
+  for (auto& p : model->parameters()) p.mutable_grad() = at::Tensor();
+  const sac::MemoryProbe probe{[] { return CountingAllocator::live_bytes(); },
+                               [] { return CountingAllocator::peak_bytes(); },
+                               [] { CountingAllocator::reset_peak(); }};
+  const sac::StepPhases phases = sac::measure_step_phases(
+      probe, [&] { step(model, batch, &nothing, nullptr, /*keep_gradients=*/false); });
   std::printf("\nmeasuring %zu points, %lld rounds: ", points.size(),
               (long long)absl::GetFlag(FLAGS_runs));
-  measure(points, model, batch, absl::GetFlag(FLAGS_runs), baseline, reference);
+  measure(points, model, batch, absl::GetFlag(FLAGS_runs), baseline, phases, reference);
   std::printf("\nno checkpointing: %.1f ms per step, keeps %.3f MiB more than full "
               "recomputation\n", plain.ms, mib(plain.kept - baseline));
   print_points(points);
+  print_peaks(points, phases.peak());
 
   const std::string csv = (out / "frontier.csv").string();
   write_csv(csv, points);
