@@ -58,6 +58,9 @@ ABSL_FLAG(std::vector<std::string>, sweep,
           std::vector<std::string>({"0", "0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7",
                                     "0.8", "0.9", "1"}),
           "budgets of the frontier, as fractions of what saving everything keeps");
+ABSL_FLAG(int64_t, peak_points, 6,
+          "peak budgets from full recomputation's peak to saving everything's: a plan for "
+          "each (sac::StepPhases::plan_for_peak), its peak predicted and measured");
 ABSL_FLAG(int64_t, table, 20, "rows of the op table (the first block's calls by bytes; 0: all)");
 ABSL_FLAG(std::string, out, "policy_lab_out",
           "directory for ops.csv, frontier.csv and frontier.png");
@@ -333,6 +336,28 @@ void print_peaks(const std::vector<Point>& points, int64_t full_recomputation) {
   }
 }
 
+// Plans for a sweep of peak budgets: each one's predicted and measured
+// peak, the recomputation it leaves, and the solver's bound.
+void plan_for_peaks(const sac::StepPhases& phases, const std::vector<sac::RegionProfile>& profiles,
+                    Gpt& model, const Batch& batch, int64_t count) {
+  if (count < 2) return;
+  const int64_t low = phases.peak();
+  const int64_t high =
+      phases.predict_peak(sac::budgeted_plan(profiles, sac::Budget::fraction(1.0)));
+  std::printf("\nplans for a peak budget (sac::StepPhases::plan_for_peak):\n%14s %14s %14s "
+              "%16s %14s %10s\n", "budget MiB", "predicted MiB", "measured MiB",
+              "recompute ms", "gap ms", "solve ms");
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t budget = low + (high - low) * i / (count - 1);
+    const sac::PeakPlan plan = phases.plan_for_peak(profiles, budget);
+    const Step s = step(model, batch, &plan.plan.policies, nullptr, /*keep_gradients=*/false);
+    std::printf("%14.3f %14.3f %14.3f %16.3f %14s %10.1f\n", mib(budget),
+                mib(plan.predicted_peak), mib(s.peak), plan.plan.recompute_seconds * 1e3,
+                plan.exact ? "exact" : std::to_string(plan.gap_seconds * 1e3).c_str(),
+                plan.solver_seconds * 1e3);
+  }
+}
+
 void write_csv(const std::string& path, const std::vector<Point>& points) {
   std::ofstream out(path);
   out << "label,kind,predicted_bytes,measured_bytes,statistics_bytes,predicted_recompute_ms,"
@@ -482,6 +507,7 @@ int run_lab(int argc, char** argv) {
               "recomputation\n", plain.ms, mib(plain.kept - baseline));
   print_points(points);
   print_peaks(points, phases.peak());
+  plan_for_peaks(phases, profiles, model, batch, absl::GetFlag(FLAGS_peak_points));
 
   const std::string csv = (out / "frontier.csv").string();
   write_csv(csv, points);

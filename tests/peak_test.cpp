@@ -9,6 +9,8 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <iostream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -114,6 +116,36 @@ TEST_F(Peak, PredictedPeakIsTheMeasuredPeak) {
   // Keeping more never lowers the peak here, and keeping everything raises it.
   EXPECT_EQ(peaks.front(), phases.peak());
   EXPECT_GT(peaks.back(), peaks.front());
+}
+
+// Plans for a sweep of peak budgets: never over the budget (measured),
+// predicted exactly, and never recomputing more for more budget.
+TEST_F(Peak, PlansForAPeakBudgetFitIt) {
+  Model model;
+  const sac::StepPhases phases = measure_full_recomputation(model);
+  const auto profiles = model.profiles();
+  const int64_t low = phases.peak();
+  const int64_t high = phases.predict_peak(sac::budgeted_plan(profiles, sac::Budget::fraction(1)));
+  double last_recompute = std::numeric_limits<double>::infinity();
+  size_t exact = 0;
+  for (int i = 0; i <= 8; ++i) {
+    const int64_t budget = low + (high - low) * i / 8;
+    SCOPED_TRACE(budget);
+    const sac::PeakPlan plan = phases.plan_for_peak(profiles, budget);
+    EXPECT_LE(plan.predicted_peak, budget);
+    EXPECT_EQ(model.measured_peak(plan.plan.policies), plan.predicted_peak);
+    EXPECT_LE(plan.plan.recompute_seconds, last_recompute);
+    EXPECT_GE(plan.gap_seconds, 0);
+    last_recompute = plan.plan.recompute_seconds;
+    exact += plan.exact ? 1 : 0;
+    std::cout << "budget " << budget << ": predicted " << plan.predicted_peak << ", recompute "
+              << plan.plan.recompute_seconds * 1e3 << " ms, " << (plan.exact ? "exact" : "gap ")
+              << (plan.exact ? 0.0 : plan.gap_seconds * 1e3) << ", " << plan.byte_budgets_tried
+              << " byte budgets, " << plan.solver_seconds * 1e3 << " ms\n";
+  }
+  const std::string message =
+      sac_test::error_of([&] { phases.plan_for_peak(profiles, low - 1); });
+  EXPECT_NE(message.find("no plan of what to keep fits"), std::string::npos) << message;
 }
 
 TEST_F(Peak, APlanForOtherRegionsIsAClearError) {

@@ -1,5 +1,6 @@
 #include <sac/lab/budget.h>
 
+#include <sac/lab/internal/choices.h>
 #include <sac/lab/internal/knapsack.h>
 
 #include <ATen/ops/empty.h>
@@ -51,79 +52,6 @@ class ChosenCallsRule final : public Policy::Rule {
   std::string description_;
 };
 
-// What leaving `call` off its device costs: its recomputation, or its trip
-// to host memory and back if that is cheaper.
-struct LeftOut {
-  double seconds;
-  bool offloaded;
-};
-
-LeftOut left_out(const OpCallProfile& call, const std::optional<OffloadCost>& offload) {
-  if (offload.has_value() && call.device.type() != c10::kCPU) {
-    const double trip = static_cast<double>(call.output_bytes) / offload->bytes_per_second;
-    if (trip < call.seconds) {
-      return {trip, true};
-    }
-  }
-  return {call.seconds, false};
-}
-
-// One choice of the knapsack: the keepable calls of a profile whose outputs
-// share storage (a matmul's result and the aten::_unsafe_view of it).
-// Saving any of them keeps all of that storage, so they are saved together
-// or not at all: `bytes` are the storages' (their makers' output_bytes,
-// kept or not), `left` what leaving them all out costs.
-struct Choice {
-  size_t profile = 0;
-  std::vector<const OpCallProfile*> calls;
-  int64_t bytes = 0;
-  LeftOut left{0, false};
-};
-
-std::vector<Choice> choices_of(const RegionProfile& profile, size_t index,
-                               const std::optional<OffloadCost>& offload) {
-  const auto& calls = profile.calls();
-  std::vector<size_t> root(calls.size());
-  for (size_t i = 0; i < calls.size(); ++i) {
-    root[i] = i;
-  }
-  auto find = [&](size_t i) {
-    while (root[i] != i) {
-      i = root[i] = root[root[i]];
-    }
-    return i;
-  };
-  for (size_t i = 0; i < calls.size(); ++i) {
-    for (const size_t j : calls[i].shares_storage_with) {
-      root[find(i)] = find(j);
-    }
-  }
-  std::vector<Choice> by_root(calls.size());
-  for (size_t i = 0; i < calls.size(); ++i) {
-    Choice& c = by_root[find(i)];
-    c.bytes += calls[i].output_bytes;
-    if (calls[i].keepable()) {
-      c.calls.push_back(&calls[i]);
-    }
-  }
-  std::vector<Choice> choices;
-  for (Choice& c : by_root) {
-    if (c.calls.empty()) {
-      continue;
-    }
-    c.profile = index;
-    if (c.calls.size() == 1) {
-      c.left = left_out(*c.calls.front(), offload);
-    } else {  // offload moves one call's outputs; a shared storage is recomputed
-      for (const OpCallProfile* call : c.calls) {
-        c.left.seconds += call->seconds;
-      }
-    }
-    choices.push_back(std::move(c));
-  }
-  return choices;
-}
-
 }  // namespace
 
 Budget Budget::bytes(int64_t bytes) {
@@ -170,14 +98,14 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
               offload->bytes_per_second, " bytes per second (measure it with "
               "sac::measure_offload_bandwidth).");
   std::vector<lab::Item> items;
-  std::vector<Choice> choices;  // per item
+  std::vector<lab::CallChoice> choices;  // per item
   int64_t everything = 0;
   double recompute_all = 0;  // every call runs again unless kept or offloaded
   for (size_t p = 0; p < profiles.size(); ++p) {
     for (const auto& call : profiles[p].calls()) {
       recompute_all += call.seconds;
     }
-    for (Choice& choice : choices_of(profiles[p], p, offload)) {
+    for (lab::CallChoice& choice : lab::choices_of(profiles[p], p, offload)) {
       items.push_back({choice.bytes, choice.left.seconds});
       everything += choice.bytes;
       choices.push_back(std::move(choice));
@@ -200,7 +128,7 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
   plan.kept_calls.resize(profiles.size());
   plan.recompute_seconds = recompute_all;
   for (size_t i = 0; i < items.size(); ++i) {
-    const Choice& c = choices[i];
+    const lab::CallChoice& c = choices[i];
     if (!kept[i] && !c.left.offloaded) {
       continue;
     }

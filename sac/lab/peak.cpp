@@ -1,6 +1,8 @@
 #include <sac/lab/peak.h>
 
 #include <sac/base/internal/region_events.h>
+#include <sac/lab/internal/choices.h>
+#include <sac/lab/internal/knapsack.h>
 #include <sac/cache/internal/new_storages.h>
 #include <sac/dispatch/internal/boxed.h>
 #include <sac/dispatch/internal/interceptor.h>
@@ -11,6 +13,9 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <algorithm>
+#include <chrono>
+#include <limits>
+#include <optional>
 #include <iomanip>
 #include <ostream>
 #include <unordered_map>
@@ -165,6 +170,42 @@ int64_t StepPhases::peak() const {
   return peak;
 }
 
+size_t StepPhases::find_call(int region, const c10::OperatorHandle& op, size_t call) const {
+  const auto found = std::find_if(calls_.begin(), calls_.end(), [&](const StepCall& c) {
+    return c.region == region && c.op == op && c.call == call;
+  });
+  TORCH_CHECK(found != calls_.end(), "sac::StepPhases: region ", region, " of the plan keeps call ",
+              call, " of ", toString(op.operator_name()), ", which region ", region,
+              " of the measured step did not make. Profile and measure the same step, with its "
+              "regions in the same order.");
+  return static_cast<size_t>(found - calls_.begin());
+}
+
+bool StepPhases::counts(const StepPhase& phase, int region) {
+  return std::find(phase.alive.begin(), phase.alive.end(), region) != phase.alive.end() ||
+         (phase.kind == StepPhase::Kind::Forward && phase.region == region);
+}
+
+int64_t StepPhases::adds_at(size_t call, int64_t plan_bytes, size_t phase, size_t step) const {
+  const StepCall& c = calls_[call];
+  const StepPoint now{phase, step};
+  if (!(c.made < now)) {
+    return 0;
+  }
+  if (c.storages.empty()) {
+    return plan_bytes;  // an alias of an unkeepable call's output: always
+  }
+  // A gap's peak is where it begins (ops allocate; between them memory is
+  // only freed): a storage adds its bytes there if the measured step had
+  // freed it before. In an op's stretch, if freed by its end.
+  const bool gap = phases_[phase].step_is_gap[step];
+  int64_t bytes = 0;
+  for (const auto& storage : c.storages) {
+    bytes += (gap ? storage.freed < now : !(now < storage.freed)) ? storage.bytes : 0;
+  }
+  return bytes;
+}
+
 std::vector<int64_t> StepPhases::predicted_phases(const BudgetedPlan& plan) const {
   TORCH_CHECK(plan.kept_calls.size() == static_cast<size_t>(regions_),
               "sac::StepPhases::predict_peak: the step ran ", regions_,
@@ -174,52 +215,19 @@ std::vector<int64_t> StepPhases::predicted_phases(const BudgetedPlan& plan) cons
   std::vector<std::vector<std::pair<size_t, int64_t>>> kept(regions_);
   for (int region = 0; region < regions_; ++region) {
     for (const auto& k : plan.kept_calls[region]) {
-      const auto found = std::find_if(calls_.begin(), calls_.end(), [&](const StepCall& c) {
-        return c.region == region && c.op == k.op && c.call == k.call;
-      });
-      TORCH_CHECK(found != calls_.end(), "sac::StepPhases::predict_peak: region ", region,
-                  " of the plan keeps call ", k.call, " of ", toString(k.op.operator_name()),
-                  ", which region ", region, " of the measured step did not make. Profile "
-                  "and measure the same step, with its regions in the same order.");
-      kept[region].emplace_back(static_cast<size_t>(found - calls_.begin()), k.bytes);
+      kept[region].emplace_back(find_call(region, k.op, k.call), k.bytes);
     }
   }
-  // What keeping call `call` (`plan_bytes` by the plan) adds at a moment,
-  // storage by storage, by whether the measured step had freed it. A call
-  // that made no storage but is planned to keep bytes (an alias of an
-  // unkeepable call's output) adds them always.
-  auto adds = [&](size_t call, int64_t plan_bytes, auto&& freed_then) {
-    const StepCall& c = calls_[call];
-    if (c.storages.empty()) {
-      return plan_bytes;
-    }
-    int64_t bytes = 0;
-    for (const auto& storage : c.storages) {
-      bytes += freed_then(storage.freed) ? storage.bytes : 0;
-    }
-    return bytes;
-  };
   std::vector<int64_t> predicted;
   for (size_t p = 0; p < phases_.size(); ++p) {
     const StepPhase& phase = phases_[p];
-    std::vector<int> adding = phase.alive;
-    if (phase.kind == StepPhase::Kind::Forward) {
-      adding.push_back(phase.region);
-    }
     int64_t bytes = 0;
     for (size_t s = 0; s < phase.step_peaks.size(); ++s) {
-      // A gap's peak is where it begins (ops allocate; between them memory
-      // is only freed): a kept output adds its bytes there if the measured
-      // step had freed it before. In an op's stretch, if freed by its end.
-      const StepPoint now{p, s};
-      const bool gap = phase.step_is_gap[s];
       int64_t added = 0;
-      for (const int region : adding) {
-        for (const auto& [call, plan_bytes] : kept[region]) {
-          if (calls_[call].made < now) {
-            added += adds(call, plan_bytes, [&](StepPoint freed) {
-              return gap ? freed < now : !(now < freed);
-            });
+      for (int region = 0; region < regions_; ++region) {
+        if (counts(phase, region)) {
+          for (const auto& [call, plan_bytes] : kept[region]) {
+            added += adds_at(call, plan_bytes, p, s);
           }
         }
       }
@@ -233,6 +241,126 @@ std::vector<int64_t> StepPhases::predicted_phases(const BudgetedPlan& plan) cons
 int64_t StepPhases::predict_peak(const BudgetedPlan& plan) const {
   const std::vector<int64_t> predicted = predicted_phases(plan);
   return predicted.empty() ? 0 : *std::max_element(predicted.begin(), predicted.end());
+}
+
+PeakPlan StepPhases::plan_for_peak(const std::vector<RegionProfile>& profiles,
+                                   int64_t peak_bytes, size_t grid) const {
+  TORCH_CHECK(profiles.size() == static_cast<size_t>(regions_),
+              "sac::StepPhases::plan_for_peak: the step ran ", regions_, " regions, but ",
+              profiles.size(), " profiles were given; give one per region, in order.");
+  TORCH_CHECK(grid >= 2, "sac::StepPhases::plan_for_peak: grid must be at least 2.");
+  TORCH_CHECK(peak() <= peak_bytes, "sac::StepPhases::plan_for_peak: the step's peak under "
+              "full recomputation is ", peak(), " bytes, over the budget of ", peak_bytes,
+              " bytes: no plan of what to keep fits. Raise the budget, or shrink the step "
+              "(smaller batches, more regions).");
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t everything =
+      budgeted_plan(profiles, Budget::fraction(1.0)).budget_bytes;
+
+  PeakPlan best;
+  best.peak_budget = peak_bytes;
+  size_t tried = 0;
+  // Tries the plan at `bytes`: whether its predicted peak fits; keeps it if
+  // it recomputes least so far.
+  auto fits = [&](int64_t bytes) {
+    ++tried;
+    BudgetedPlan plan = budgeted_plan(profiles, Budget::bytes(bytes));
+    const int64_t predicted = predict_peak(plan);
+    if (predicted > peak_bytes) {
+      return false;
+    }
+    if (tried == 1 || plan.recompute_seconds < best.plan.recompute_seconds) {
+      best.plan = std::move(plan);
+      best.predicted_peak = predicted;
+    }
+    return true;
+  };
+  int64_t low = 0;  // fits (full recomputation does, checked above)
+  fits(0);
+  std::optional<int64_t> high;  // the least grid budget found not to fit
+  for (size_t i = 1; i < grid; ++i) {
+    const int64_t bytes = static_cast<int64_t>(
+        static_cast<double>(everything) * static_cast<double>(i) / static_cast<double>(grid - 1));
+    if (fits(bytes)) {
+      low = bytes;
+    } else if (!high) {
+      high = bytes;
+    }
+  }
+  if (high && *high > low) {  // halve between the last fit below it and it
+    int64_t lo = 0;
+    for (size_t i = 0; i < grid; ++i) {
+      const int64_t bytes = static_cast<int64_t>(static_cast<double>(everything) *
+                                                 static_cast<double>(i) /
+                                                 static_cast<double>(grid - 1));
+      if (bytes < *high) lo = bytes;
+    }
+    int64_t hi = *high;
+    while (hi - lo > std::max<int64_t>(1, everything / 4096)) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      (fits(mid) ? lo : hi) = mid;
+    }
+  }
+
+  // The bound: at a stretch, any plan that fits keeps choices whose bytes
+  // there sum to at most the stretch's headroom; the best such (exact
+  // knapsack) saves at least as much as any plan that fits.
+  std::vector<lab::CallChoice> choices;
+  for (size_t r = 0; r < profiles.size(); ++r) {
+    for (auto& c : lab::choices_of(profiles[r], r, std::nullopt)) {
+      choices.push_back(std::move(c));
+    }
+  }
+  std::vector<std::vector<std::pair<size_t, int64_t>>> members(choices.size());
+  double everything_seconds = 0;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    for (const OpCallProfile* call : choices[i].calls) {
+      members[i].emplace_back(find_call(static_cast<int>(choices[i].profile), call->op, call->call),
+                              call == choices[i].calls.front() ? choices[i].bytes : 0);
+    }
+    everything_seconds += choices[i].left.seconds;
+  }
+  auto bound_at = [&](size_t p, size_t step) {
+    std::vector<lab::Item> items;
+    for (size_t i = 0; i < choices.size(); ++i) {
+      int64_t weight = 0;
+      if (counts(phases_[p], static_cast<int>(choices[i].profile))) {
+        for (const auto& [call, bytes] : members[i]) {
+          weight += adds_at(call, bytes, p, step);
+        }
+      }
+      items.push_back({weight, choices[i].left.seconds});
+    }
+    const lab::Choice relaxed = lab::solve_knapsack(items, peak_bytes - phases_[p].step_peaks[step]);
+    return relaxed.exact ? relaxed.value : relaxed.upper_bound;
+  };
+  // The stretches: where every region's kept outputs count (after the last
+  // forward), and where the plan's prediction peaks.
+  double bound = everything_seconds;
+  const std::vector<int64_t> predicted = predicted_phases(best.plan);
+  for (size_t p = 0; p < phases_.size(); ++p) {
+    const bool all_alive = phases_[p].alive.size() == static_cast<size_t>(regions_);
+    if (all_alive || predicted[p] == best.predicted_peak) {
+      for (size_t step = 0; step < phases_[p].step_peaks.size(); ++step) {
+        bound = std::min(bound, bound_at(p, step));
+      }
+    }
+  }
+  double kept_seconds = 0;  // what the plan saves
+  for (size_t r = 0; r < best.plan.kept_calls.size(); ++r) {
+    for (const auto& k : best.plan.kept_calls[r]) {
+      const auto& calls = profiles[r].calls();
+      for (const auto& c : calls) {
+        if (c.op == k.op && c.call == k.call) kept_seconds += c.seconds;
+      }
+    }
+  }
+  best.gap_seconds = std::max(0.0, bound - kept_seconds);
+  best.exact = best.gap_seconds <= 1e-12;
+  best.byte_budgets_tried = tried;
+  best.solver_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return best;
 }
 
 void StepPhases::print(std::ostream& out, const BudgetedPlan* plan) const {

@@ -100,6 +100,19 @@ struct StepPhase {
   std::vector<int> alive;
 };
 
+// A plan for a peak budget (StepPhases::plan_for_peak).
+struct PeakPlan {
+  BudgetedPlan plan;  // its budget_bytes: the byte budget it was solved at
+  int64_t peak_budget = 0;
+  int64_t predicted_peak = 0;
+  // Whether no plan whose predicted peak fits recomputes less: proven when
+  // the plan reaches the bound, else at most `gap_seconds` more.
+  bool exact = false;
+  double gap_seconds = 0;
+  size_t byte_budgets_tried = 0;
+  double solver_seconds = 0;
+};
+
 class StepPhases {
  public:
   StepPhases(std::vector<StepPhase> phases, std::vector<StepCall> calls, int regions)
@@ -113,11 +126,30 @@ class StepPhases {
   // The step's peak under `plan`, whose policies are the regions', in the
   // order their forwards began.
   int64_t predict_peak(const BudgetedPlan& plan) const;
+  // The plan of least recomputation time whose predicted peak is at most
+  // `peak_bytes`, for the regions profiled in `profiles` (one per region,
+  // in order). Searched among budgeted plans (sac/lab/budget.h) at byte
+  // budgets from none to everything: a grid, then halving between the best
+  // that fits and the next that does not. Bounded by the exact knapsack of
+  // the choices' bytes at the stretches where the plan peaks and where every
+  // region's outputs are kept, each against that stretch's headroom (any
+  // plan that fits the budget fits these). More peak budget never gives a
+  // plan that recomputes more. An error if even full recomputation's peak
+  // is over the budget.
+  PeakPlan plan_for_peak(const std::vector<RegionProfile>& profiles, int64_t peak_bytes,
+                         size_t grid = 32) const;
+
   // A table, one row per phase (with the prediction for `plan` if given).
   void print(std::ostream& out, const BudgetedPlan* plan = nullptr) const;
 
  private:
   std::vector<int64_t> predicted_phases(const BudgetedPlan& plan) const;
+  size_t find_call(int region, const c10::OperatorHandle& op, size_t call) const;
+  // Whether `region`'s kept outputs count in `phase`.
+  static bool counts(const StepPhase& phase, int region);
+  // Bytes that keeping step call `call` (`plan_bytes` by the plan) adds at
+  // stretch `step` of phase `phase`, where its region counts.
+  int64_t adds_at(size_t call, int64_t plan_bytes, size_t phase, size_t step) const;
 
   std::vector<StepPhase> phases_;
   std::vector<StepCall> calls_;
