@@ -11,7 +11,7 @@ from torch.utils.checkpoint import create_selective_checkpoint_contexts as torch
 
 import sac
 import test_models as models
-from counting import no_collection
+from support import no_collection
 from test_region import needs_fallback
 
 LIBRARY = os.environ.get("SAC_COUNTING_ALLOCATOR")

@@ -13,20 +13,9 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint
 from torch.utils.checkpoint import create_selective_checkpoint_contexts as torch_contexts
 
 import sac
+from support import block, leaves
 
 aten = torch.ops.aten
-
-
-def block(x, w1, w2):
-    h = torch.relu(x @ w1)
-    h = torch.sigmoid(h @ w2) * h
-    return (h @ w2.t()).tanh().sum(dim=1)
-
-
-def leaves():
-    g = torch.Generator().manual_seed(0)
-    return [torch.randn(*shape, generator=g, requires_grad=True)
-            for shape in [(16, 32), (32, 48), (48, 48)]]
 
 
 def compiled_step(context_fn):

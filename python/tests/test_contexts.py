@@ -3,7 +3,6 @@ arguments, clear errors, and nothing left behind by an exception."""
 import copy
 import functools
 import os
-import threading
 
 import pytest
 import torch
@@ -14,26 +13,13 @@ from torch.utils.checkpoint import (
 )
 
 import sac
+from support import block, leaves, on_threads
 
 aten = torch.ops.aten
 
 
-def block(x, w1, w2):
-    h = torch.relu(x @ w1)
-    h = torch.sigmoid(h @ w2) * h
-    return (h @ w2.t()).tanh().sum(dim=1)
-
-
-def inputs(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(16, 32, generator=g, requires_grad=True)
-    w1 = torch.randn(32, 48, generator=g, requires_grad=True)
-    w2 = torch.randn(48, 48, generator=g, requires_grad=True)
-    return x, w1, w2
-
-
 def gradients(context_fn=None, fn=block, seed=0):
-    args = inputs(seed)
+    args = leaves(seed)
     if context_fn is None:
         out = fn(*args)
     else:
@@ -184,7 +170,7 @@ def test_many_iterations():
 def test_second_backward_is_refused_as_pytorch_refuses_it(contexts):
     ops = [aten.mm.default]
     fn = sac.context_fn(ops) if contexts == "sac" else functools.partial(torch_contexts, ops)
-    x, w1, w2 = inputs()
+    x, w1, w2 = leaves()
     out = checkpoint(block, x, w1, w2, use_reentrant=False, context_fn=fn).sum()
     (g1,) = torch.autograd.grad(out, w1, retain_graph=True)
     assert torch.equal(g1, torch.autograd.grad(block(x, w1, w2).sum(), w1)[0])
@@ -241,7 +227,7 @@ def test_graph_exec_group_recomputes_once_for_two_backwards(contexts):
         return (h @ w2).sum(), torch.sigmoid(h).sum()
 
     def run(context_fn):
-        args = inputs()
+        args = leaves()
         if context_fn is None:
             a, b = two_heads(*args)
         else:
@@ -273,21 +259,5 @@ def test_checkpoint_wrapper_takes_sac_s_context_fn():
                          ids=["op_list", "torchtitan_default"])
 def test_threads_checkpoint_with_sac_s_modes_at_once(policy):
     expected = gradients()
-    results, errors = [], []
-
-    def worker():
-        try:
-            for _ in range(10):
-                results.append(gradients(sac.context_fn(policy)))
-        except Exception as e:  # reported below, on the test's thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=worker) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
-    assert len(results) == 40
-    for got in results:
+    for got in on_threads(lambda: gradients(sac.context_fn(policy))):
         assert_identical(got, expected)

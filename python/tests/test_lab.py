@@ -9,23 +9,11 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint
 
 import sac
 import test_models as models
-from counting import no_collection
+from support import block, leaves, no_collection
 from test_region import FALLBACK
 
 aten = torch.ops.aten
 LIBRARY = os.environ.get("SAC_COUNTING_ALLOCATOR")
-
-
-def block(x, w1, w2):
-    h = torch.relu(x @ w1)
-    h = torch.sigmoid(h @ w2) * h
-    return (h @ w2.t()).tanh().sum(dim=1)
-
-
-def leaves():
-    g = torch.Generator().manual_seed(0)
-    return [torch.randn(*shape, generator=g, requires_grad=True)
-            for shape in [(16, 32), (32, 48), (48, 48)]]
 
 
 def test_a_profile_lists_the_calls_and_their_bytes():

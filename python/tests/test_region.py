@@ -3,13 +3,13 @@ models this project did not write: no function to wrap, gradients
 bit-identical to no checkpointing, BatchNorm's running statistics updated
 once, and the guard's errors as Python exceptions."""
 import copy
-import threading
 
 import pytest
 import torch
 
 import sac
 import test_models as models
+from support import block, leaves, on_threads
 
 aten = torch.ops.aten
 FALLBACK = sac.mechanism().startswith("fallback")
@@ -73,18 +73,6 @@ def test_batchnorm_statistics_are_updated_once():
     tracked = [n for n in expected if n.endswith("num_batches_tracked")]
     assert tracked and any(
         not torch.equal(batchnorm_statistics(rerun)[n], expected[n]) for n in tracked)
-
-
-def block(x, w1, w2):
-    h = torch.relu(x @ w1)
-    h = torch.sigmoid(h @ w2) * h
-    return (h @ w2.t()).tanh().sum(dim=1)
-
-
-def leaves(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(*shape, generator=g, requires_grad=True)
-            for shape in [(16, 32), (32, 48), (48, 48)]]
 
 
 def grads_of(run, seed=0):
@@ -210,23 +198,7 @@ def test_autograd_grad_inside_the_region():
 @needs_fallback
 def test_threads_run_their_own_regions():
     expected = grads_of(plain)
-    results, errors = [], []
-
-    def worker():
-        try:
-            for _ in range(10):
-                results.append(grads_of(in_region([aten.mm.default])))
-        except Exception as e:  # reported below, on the test's thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=worker) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
-    assert len(results) == 40
-    for got in results:
+    for got in on_threads(lambda: grads_of(in_region([aten.mm.default]))):
         assert_identical(got, expected)
 
 

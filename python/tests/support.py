@@ -1,0 +1,57 @@
+"""What the package's tests share: a small block of ops and its leaves, a
+window without garbage collection for counting bytes, and a function run on
+several threads at once."""
+import contextlib
+import gc
+import threading
+
+import torch
+
+
+def block(x, w1, w2):
+    h = torch.relu(x @ w1)
+    h = torch.sigmoid(h @ w2) * h
+    return (h @ w2.t()).tanh().sum(dim=1)
+
+
+def leaves(seed=0):
+    """block's arguments, fresh leaves that require grad."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*shape, generator=g, requires_grad=True)
+            for shape in [(16, 32), (32, 48), (48, 48)]]
+
+
+@contextlib.contextmanager
+def no_collection():
+    """Python's garbage collector stays off while bytes are counted: a
+    collection in the middle frees earlier tests' garbage and the count goes
+    negative (seen in CI)."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def on_threads(fn, threads=4, times=10):
+    """fn() called `times` times on each of `threads` threads at once: the
+    results; the first exception raised on any thread is raised here."""
+    results, errors = [], []
+
+    def worker():
+        try:
+            for _ in range(times):
+                results.append(fn())
+        except Exception as e:  # raised below, on the caller's thread
+            errors.append(e)
+
+    running = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in running:
+        t.start()
+    for t in running:
+        t.join()
+    if errors:
+        raise errors[0]
+    assert len(results) == threads * times
+    return results
