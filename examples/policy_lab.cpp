@@ -339,8 +339,10 @@ void print_peaks(const std::vector<Point>& points, int64_t full_recomputation) {
 // Plans for a sweep of peak budgets: each one's predicted and measured
 // peak, the recomputation it leaves, and the solver's bound.
 void plan_for_peaks(const sac::StepPhases& phases, const std::vector<sac::RegionProfile>& profiles,
-                    Gpt& model, const Batch& batch, int64_t count) {
+                    Gpt& model, const Batch& batch, int64_t count, const std::string& csv) {
   if (count < 2) return;
+  std::ofstream out(csv);
+  out << "budget,predicted_peak,measured_peak,recompute_ms,gap_ms\n";
   const int64_t low = phases.peak();
   const int64_t high =
       phases.predict_peak(sac::budgeted_plan(profiles, sac::Budget::fraction(1.0)));
@@ -355,6 +357,38 @@ void plan_for_peaks(const sac::StepPhases& phases, const std::vector<sac::Region
                 mib(plan.predicted_peak), mib(s.peak), plan.plan.recompute_seconds * 1e3,
                 plan.exact ? "exact" : std::to_string(plan.gap_seconds * 1e3).c_str(),
                 plan.solver_seconds * 1e3);
+    out << budget << "," << plan.predicted_peak << "," << s.peak << ","
+        << plan.plan.recompute_seconds * 1e3 << "," << plan.gap_seconds * 1e3 << "\n";
+  }
+  if (!out) throw std::runtime_error("cannot write " + csv);
+}
+
+// Draws the plans for a peak budget from peaks.csv: their peaks, predicted
+// and measured, against the budget, and the recomputation each leaves.
+void plot_peaks(const std::string& csv, const std::string& png, const std::string& title) {
+  const std::string script = csv + ".gp";
+  std::ofstream gp(script);
+  gp << "set datafile separator ','\n"
+        "set terminal pngcairo size 1100,700 font ',11' noenhanced\n"
+        "set output '" << png << "'\n"
+        "set title \"" << title << "\"\n"
+        "set xlabel 'peak budget of the step (MiB)'\n"
+        "set ylabel 'peak of the step, forward + backward (MiB)'\n"
+        "set y2label 'recomputation time per step, predicted (ms)'\n"
+        "set y2tics\n"
+        "set ytics nomirror\n"
+        "set key top left\n"
+        "set grid\n"
+        "mib(b) = b / 1048576.0\n"
+        "plot '" << csv << "' using (mib($1)):(mib($1)) with lines dt 2 lc rgb 'gray' "
+        "title 'the budget', \\\n"
+        "  '' using (mib($1)):(mib($2)) with linespoints lw 2 pt 6 ps 1.6 "
+        "title 'peak, predicted', \\\n"
+        "  '' using (mib($1)):(mib($3)) with points pt 7 ps 0.9 title 'peak, measured', \\\n"
+        "  '' using (mib($1)):4 axes x1y2 with linespoints pt 5 title 'recomputation (ms)'\n";
+  gp.close();
+  if (std::system(("gnuplot '" + script + "'").c_str()) != 0) {
+    throw std::runtime_error("gnuplot failed on " + script);
   }
 }
 
@@ -507,7 +541,8 @@ int run_lab(int argc, char** argv) {
               "recomputation\n", plain.ms, mib(plain.kept - baseline));
   print_points(points);
   print_peaks(points, phases.peak());
-  plan_for_peaks(phases, profiles, model, batch, absl::GetFlag(FLAGS_peak_points));
+  const std::string peaks_csv = (out / "peaks.csv").string();
+  plan_for_peaks(phases, profiles, model, batch, absl::GetFlag(FLAGS_peak_points), peaks_csv);
 
   const std::string csv = (out / "frontier.csv").string();
   write_csv(csv, points);
@@ -521,6 +556,11 @@ int run_lab(int argc, char** argv) {
                   at::get_num_threads());
     plot(csv, png, title);
     std::printf(" and %s", png.c_str());
+    if (absl::GetFlag(FLAGS_peak_points) >= 2) {
+      const std::string peaks_png = (out / "peaks.png").string();
+      plot_peaks(peaks_csv, peaks_png, std::string(title) + ": plans for a peak budget");
+      std::printf(" and %s", peaks_png.c_str());
+    }
   }
   std::printf("\n");
   bool all_identical = true;
