@@ -10,14 +10,17 @@
 // keep after the forward (the counting allocator, over full recomputation),
 // the recomputation time per step (sac::RegionStatistics) and the step time,
 // medians of --runs steps; and the gradients are checked bit for bit against
-// training without checkpointing. It writes the points as CSV and draws
-// them with gnuplot.
+// training without checkpointing. Then plans for a sweep of peak budgets
+// (sac::StepPhases::plan_for_peak), each step's peak predicted from one step
+// under full recomputation and measured. It writes the points as CSV and
+// draws them with gnuplot.
 //
 //   cmake --build build --target policy_lab
 //   build/examples/policy_lab [--layers 4] [--embed 128] [--heads 4] [--seq 128]
 //       [--batch 8] [--vocab 512] [--threads 1] [--runs 5] [--profile_runs 5]
 //       [--policies nothing,everything,compute_intensive,dots,ops:aten::addmm+aten::gelu,budget:0.25]
-//       [--sweep 0,0.1,...,1] [--table 20] [--out policy_lab_out] [--plot=true]
+//       [--sweep 0,0.1,...,1] [--peak_points 6] [--table 20] [--out policy_lab_out]
+//       [--plot=true]
 //
 // or .ci/policy_lab with the same flags. A policy is a preset (nothing,
 // everything, compute_intensive, dots, dots_no_batch, torchtitan,
