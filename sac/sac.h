@@ -23,7 +23,8 @@
 //   sac/base/error.h               sac::CheckpointError
 //   sac/dispatch/mechanism.h       how sac sits below autograd (SAC_DISPATCH)
 //   sac/lab/...                    policy experiments: profile.h, explain.h,
-//                                  budget.h (budgeted policies), peak.h (a step's peak)
+//                                  budget.h (budgeted policies), peak.h (a step's peak),
+//                                  shape_plans.h (a plan per input shape)
 //   sac/nn/...                     torch::nn models: checkpoint_wrapper.h,
 //                                  apply_activation_checkpointing.h,
 //                                  checkpoint_sequential.h, offload_wrapper.h
@@ -48,6 +49,7 @@
 #include <sac/lab/budget.h>
 #include <sac/lab/explain.h>
 #include <sac/lab/peak.h>
+#include <sac/lab/shape_plans.h>
 #include <sac/lab/profile.h>
 #include <sac/offload/offload.h>
 #include <sac/policy/checkpoint_policy.h>

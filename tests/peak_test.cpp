@@ -43,7 +43,36 @@ struct Model {
     for (int i = 0; i < 4; ++i) {
       blocks.push_back(GptBlock(64, 4, 0.1));
     }
-    x = torch::randn({2, 32, 64}, torch::requires_grad());
+    set_length(32);
+  }
+
+  // The input: a batch of 2 sequences of `length` tokens.
+  void set_length(int64_t length) {
+    torch::manual_seed(length);
+    x = torch::randn({2, length, 64}, torch::requires_grad());
+  }
+
+  // The gradients of the last step: x's, then the blocks' parameters'.
+  std::vector<at::Tensor> gradients() {
+    std::vector<at::Tensor> out{x.grad()};
+    for (auto& block : blocks) {
+      for (auto& p : block->parameters()) {
+        out.push_back(p.grad());
+      }
+    }
+    return out;
+  }
+
+  // A step without checkpointing: its gradients.
+  std::vector<at::Tensor> plain_gradients() {
+    zero_grad();
+    torch::manual_seed(7);
+    at::Tensor h = x;
+    for (GptBlock& block : blocks) {
+      h = block->forward(h);
+    }
+    h.sum().backward();
+    return gradients();
   }
 
   // Drops the gradients, so that every step allocates them as the first
@@ -146,6 +175,41 @@ TEST_F(Peak, PlansForAPeakBudgetFitIt) {
   const std::string message =
       sac_test::error_of([&] { phases.plan_for_peak(profiles, low - 1); });
   EXPECT_NE(message.find("no plan of what to keep fits"), std::string::npos) << message;
+}
+
+// Sequence lengths that change step by step: one plan per length, solved
+// when the length first appears, each step's peak under the budget and its
+// gradients bit-identical to no checkpointing.
+TEST_F(Peak, PlansFollowTheShapeOfTheData) {
+  Model model;
+  model.set_length(48);
+  const sac::StepPhases longest = measure_full_recomputation(model);
+  const int64_t everything =
+      longest.predict_peak(sac::budgeted_plan(model.profiles(), sac::Budget::fraction(1)));
+  const int64_t budget = (longest.peak() + everything) / 2;
+
+  sac::ShapePlans plans([&](const sac::ShapePlans::Signature& shape) {
+    model.set_length(shape[0]);
+    const sac::StepPhases phases = measure_full_recomputation(model);
+    return phases.plan_for_peak(model.profiles(), budget).plan.policies;
+  });
+  const std::vector<int64_t> lengths{16, 32, 24, 32, 48, 16, 48, 24, 40, 16};
+  for (const int64_t length : lengths) {
+    SCOPED_TRACE(length);
+    const std::vector<sac::Policy>& policies = plans.policies_for({length});
+    model.set_length(length);
+    const auto expected = model.plain_gradients();
+    EXPECT_LE(model.measured_peak(policies), budget);
+    sac_test::expect_bit_identical(expected, model.gradients());
+  }
+  EXPECT_EQ(plans.solved(), 5u);  // 16, 32, 24, 48, 40
+  // One static plan, the short batches', runs over the budget on the long.
+  const std::vector<sac::Policy> short_plan = plans.policies_for({16});
+  model.set_length(48);
+  EXPECT_GT(model.measured_peak(short_plan), budget);
+  for (const double seconds : plans.solve_seconds()) {
+    std::cout << "solved a new length in " << seconds * 1e3 << " ms\n";
+  }
 }
 
 TEST_F(Peak, APlanForOtherRegionsIsAClearError) {
