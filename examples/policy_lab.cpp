@@ -46,6 +46,7 @@
 #include <iostream>
 #include <memory>
 #include <stdexcept>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -366,57 +367,24 @@ void plan_for_peaks(const sac::StepPhases& phases, const std::vector<sac::Region
   if (!out) throw std::runtime_error("cannot write " + csv);
 }
 
-// Draws the plans for a peak budget from peaks.csv: their peaks, predicted
-// and measured, against the budget, and the recomputation each leaves.
-void plot_peaks(const std::string& csv, const std::string& png, const std::string& title) {
-  const std::string script = csv + ".gp";
-  std::ofstream gp(script);
-  gp << "set datafile separator ','\n"
-        "set terminal pngcairo size 1100,700 font ',11' noenhanced\n"
-        "set output '" << png << "'\n"
-        "set title \"" << title << "\"\n"
-        "set xlabel 'peak budget of the step (MiB)'\n"
-        "set ylabel 'peak of the step, forward + backward (MiB)'\n"
-        "set y2label 'recomputation time per step, predicted (ms)'\n"
-        "set y2tics\n"
-        "set ytics nomirror\n"
-        "set key top left\n"
-        "set grid\n"
-        "mib(b) = b / 1048576.0\n"
-        "plot '" << csv << "' using (mib($1)):(mib($1)) with lines dt 2 lc rgb 'gray' "
-        "title 'the budget', \\\n"
-        "  '' using (mib($1)):(mib($2)) with linespoints lw 2 pt 6 ps 1.6 "
-        "title 'peak, predicted', \\\n"
-        "  '' using (mib($1)):(mib($3)) with points pt 7 ps 0.9 title 'peak, measured', \\\n"
-        "  '' using (mib($1)):4 axes x1y2 with linespoints pt 5 title 'recomputation (ms)'\n";
-  gp.close();
-  if (std::system(("gnuplot '" + script + "'").c_str()) != 0) {
-    throw std::runtime_error("gnuplot failed on " + script);
+// Runs gnuplot on `script` (which sets its terminal and output), kept
+// beside the data `csv` as csv + ".gp".
+void run_gnuplot(const std::string& csv, const std::string& script) {
+  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
+    throw std::runtime_error("gnuplot is not installed (.ci/install installs it: apt-get install "
+                             "gnuplot-nox); rerun, or pass --plot=false for the CSV alone");
   }
-}
-
-void write_csv(const std::string& path, const std::vector<Point>& points) {
-  std::ofstream out(path);
-  out << "label,kind,predicted_bytes,measured_bytes,statistics_bytes,predicted_recompute_ms,"
-         "measured_recompute_ms,step_ms,solver_ms,identical,predicted_peak,measured_peak\n";
-  for (const Point& p : points) {
-    out << p.label << "," << p.kind << "," << p.predicted_bytes << "," << p.measured_bytes << ","
-        << p.statistics_bytes << "," << p.predicted_recompute_ms << "," << p.measured_recompute_ms
-        << "," << p.step_ms << "," << p.solver_ms << "," << (p.identical ? 1 : 0) << ","
-        << p.predicted_peak << "," << p.measured_peak << "\n";
+  const std::string path = csv + ".gp";
+  std::ofstream(path) << script;
+  if (std::system(("gnuplot '" + path + "'").c_str()) != 0) {
+    throw std::runtime_error("gnuplot failed on " + path);
   }
-  if (!out) throw std::runtime_error("cannot write " + path);
 }
 
 // Draws the frontier (predicted and measured) and the named policies
 // (measured, labelled, with their predictions) from frontier.csv.
 void plot(const std::string& csv, const std::string& png, const std::string& title) {
-  if (std::system("command -v gnuplot >/dev/null 2>&1") != 0) {
-    throw std::runtime_error("gnuplot is not installed (.ci/install installs it: apt-get install "
-                             "gnuplot-nox); rerun, or pass --plot=false for the CSV alone");
-  }
-  const std::string script = csv + ".gp";
-  std::ofstream gp(script);
+  std::ostringstream gp;
   gp << "set datafile separator ','\n"
         "set terminal pngcairo size 1100,700 font ',11' noenhanced\n"
         "set output '" << png << "'\n"
@@ -439,10 +407,45 @@ void plot(const std::string& csv, const std::string& png, const std::string& tit
         "title 'budgeted at a named policy''s bytes, measured', \\\n"
         "  '' using (is('policy') ? mib($4) : 1/0):7:1 with labels offset 1.2,0.8 left "
         "font ',10' notitle\n";
-  gp.close();
-  if (std::system(("gnuplot '" + script + "'").c_str()) != 0) {
-    throw std::runtime_error("gnuplot failed on " + script);
+  run_gnuplot(csv, gp.str());
+}
+
+// Draws the plans for a peak budget from peaks.csv: their peaks, predicted
+// and measured, against the budget, and the recomputation each leaves.
+void plot_peaks(const std::string& csv, const std::string& png, const std::string& title) {
+  std::ostringstream gp;
+  gp << "set datafile separator ','\n"
+        "set terminal pngcairo size 1100,700 font ',11' noenhanced\n"
+        "set output '" << png << "'\n"
+        "set title \"" << title << "\"\n"
+        "set xlabel 'peak budget of the step (MiB)'\n"
+        "set ylabel 'peak of the step, forward + backward (MiB)'\n"
+        "set y2label 'recomputation time per step, predicted (ms)'\n"
+        "set y2tics\n"
+        "set ytics nomirror\n"
+        "set key top left\n"
+        "set grid\n"
+        "mib(b) = b / 1048576.0\n"
+        "plot '" << csv << "' using (mib($1)):(mib($1)) with lines dt 2 lc rgb 'gray' "
+        "title 'the budget', \\\n"
+        "  '' using (mib($1)):(mib($2)) with linespoints lw 2 pt 6 ps 1.6 "
+        "title 'peak, predicted', \\\n"
+        "  '' using (mib($1)):(mib($3)) with points pt 7 ps 0.9 title 'peak, measured', \\\n"
+        "  '' using (mib($1)):4 axes x1y2 with linespoints pt 5 title 'recomputation (ms)'\n";
+  run_gnuplot(csv, gp.str());
+}
+
+void write_csv(const std::string& path, const std::vector<Point>& points) {
+  std::ofstream out(path);
+  out << "label,kind,predicted_bytes,measured_bytes,statistics_bytes,predicted_recompute_ms,"
+         "measured_recompute_ms,step_ms,solver_ms,identical,predicted_peak,measured_peak\n";
+  for (const Point& p : points) {
+    out << p.label << "," << p.kind << "," << p.predicted_bytes << "," << p.measured_bytes << ","
+        << p.statistics_bytes << "," << p.predicted_recompute_ms << "," << p.measured_recompute_ms
+        << "," << p.step_ms << "," << p.solver_ms << "," << (p.identical ? 1 : 0) << ","
+        << p.predicted_peak << "," << p.measured_peak << "\n";
   }
+  if (!out) throw std::runtime_error("cannot write " + path);
 }
 
 void print_points(const std::vector<Point>& points) {

@@ -1,11 +1,11 @@
 #include <sac/lab/peak.h>
 
 #include <sac/base/internal/region_events.h>
-#include <sac/lab/internal/choices.h>
-#include <sac/lab/internal/knapsack.h>
 #include <sac/cache/internal/new_storages.h>
 #include <sac/dispatch/internal/boxed.h>
 #include <sac/dispatch/internal/interceptor.h>
+#include <sac/lab/internal/choices.h>
+#include <sac/lab/internal/knapsack.h>
 #include <sac/policy/internal/op_traits.h>
 
 #include <c10/core/StorageImpl.h>
@@ -14,9 +14,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <limits>
-#include <optional>
 #include <iomanip>
+#include <optional>
 #include <ostream>
 #include <unordered_map>
 #include <utility>
@@ -117,14 +116,13 @@ class PhaseRecorder final : public detail::RegionEvents, public dispatch::OpObse
   void close() {
     const StepPoint now{phases_.size(), current_.step_peaks.size()};
     end_stretch(/*gap=*/true);
-    current_.peak = *std::max_element(current_.step_peaks.begin(), current_.step_peaks.end());
     find_freed(now);
     phases_.push_back(std::move(current_));
   }
 
   void mark(StepPhase::Kind kind, int region) {
     close();
-    current_ = StepPhase{kind, region, 0, {}, {}, {}};
+    current_ = StepPhase{kind, region, {}, {}, {}};
     for (size_t i = 0; i < alive_.size(); ++i) {
       if (alive_[i]) {
         current_.alive.push_back(static_cast<int>(i));
@@ -162,10 +160,14 @@ const char* kind_name(StepPhase::Kind kind) {
 
 }  // namespace
 
+int64_t StepPhase::peak() const {
+  return *std::max_element(step_peaks.begin(), step_peaks.end());
+}
+
 int64_t StepPhases::peak() const {
   int64_t peak = 0;
   for (const auto& phase : phases_) {
-    peak = std::max(peak, phase.peak);
+    peak = std::max(peak, phase.peak());
   }
   return peak;
 }
@@ -221,14 +223,18 @@ std::vector<int64_t> StepPhases::predicted_phases(const BudgetedPlan& plan) cons
   std::vector<int64_t> predicted;
   for (size_t p = 0; p < phases_.size(); ++p) {
     const StepPhase& phase = phases_[p];
+    std::vector<int> counted;
+    for (int region = 0; region < regions_; ++region) {
+      if (counts(phase, region)) {
+        counted.push_back(region);
+      }
+    }
     int64_t bytes = 0;
     for (size_t s = 0; s < phase.step_peaks.size(); ++s) {
       int64_t added = 0;
-      for (int region = 0; region < regions_; ++region) {
-        if (counts(phase, region)) {
-          for (const auto& [call, plan_bytes] : kept[region]) {
-            added += adds_at(call, plan_bytes, p, s);
-          }
+      for (const int region : counted) {
+        for (const auto& [call, plan_bytes] : kept[region]) {
+          added += adds_at(call, plan_bytes, p, s);
         }
       }
       bytes = std::max(bytes, phase.step_peaks[s] + added);
@@ -275,30 +281,27 @@ PeakPlan StepPhases::plan_for_peak(const std::vector<RegionProfile>& profiles,
     }
     return true;
   };
-  int64_t low = 0;  // fits (full recomputation does, checked above)
-  fits(0);
-  std::optional<int64_t> high;  // the least grid budget found not to fit
+  auto grid_bytes = [&](size_t i) {
+    return static_cast<int64_t>(static_cast<double>(everything) * static_cast<double>(i) /
+                                static_cast<double>(grid - 1));
+  };
+  fits(0);  // full recomputation fits (checked above)
+  int64_t last_fit = 0;             // the greatest grid budget that fits
+  int64_t lo = 0;                   // the greatest that fits below `hi`
+  std::optional<int64_t> hi;        // the least that does not fit
   for (size_t i = 1; i < grid; ++i) {
-    const int64_t bytes = static_cast<int64_t>(
-        static_cast<double>(everything) * static_cast<double>(i) / static_cast<double>(grid - 1));
+    const int64_t bytes = grid_bytes(i);
     if (fits(bytes)) {
-      low = bytes;
-    } else if (!high) {
-      high = bytes;
+      last_fit = bytes;
+      lo = hi ? lo : bytes;
+    } else if (!hi) {
+      hi = bytes;
     }
   }
-  if (high && *high > low) {  // halve between the last fit below it and it
-    int64_t lo = 0;
-    for (size_t i = 0; i < grid; ++i) {
-      const int64_t bytes = static_cast<int64_t>(static_cast<double>(everything) *
-                                                 static_cast<double>(i) /
-                                                 static_cast<double>(grid - 1));
-      if (bytes < *high) lo = bytes;
-    }
-    int64_t hi = *high;
-    while (hi - lo > std::max<int64_t>(1, everything / 4096)) {
-      const int64_t mid = lo + (hi - lo) / 2;
-      (fits(mid) ? lo : hi) = mid;
+  if (hi && *hi > last_fit) {  // halve between the last fit below it and it
+    while (*hi - lo > std::max<int64_t>(1, everything / 4096)) {
+      const int64_t mid = lo + (*hi - lo) / 2;
+      (fits(mid) ? lo : *hi) = mid;
     }
   }
 
@@ -346,13 +349,11 @@ PeakPlan StepPhases::plan_for_peak(const std::vector<RegionProfile>& profiles,
       }
     }
   }
-  double kept_seconds = 0;  // what the plan saves
-  for (size_t r = 0; r < best.plan.kept_calls.size(); ++r) {
-    for (const auto& k : best.plan.kept_calls[r]) {
-      const auto& calls = profiles[r].calls();
-      for (const auto& c : calls) {
-        if (c.op == k.op && c.call == k.call) kept_seconds += c.seconds;
-      }
+  // What the plan saves: every profiled call's time but what it recomputes.
+  double kept_seconds = -best.plan.recompute_seconds;
+  for (const auto& profile : profiles) {
+    for (const auto& call : profile.calls()) {
+      kept_seconds += call.seconds;
     }
   }
   best.gap_seconds = std::max(0.0, bound - kept_seconds);
@@ -372,7 +373,7 @@ void StepPhases::print(std::ostream& out, const BudgetedPlan* plan) const {
   for (size_t i = 0; i < phases_.size(); ++i) {
     const StepPhase& phase = phases_[i];
     out << std::left << std::setw(10) << kind_name(phase.kind) << std::right << std::setw(8)
-        << phase.region << std::setw(16) << phase.peak;
+        << phase.region << std::setw(16) << phase.peak();
     if (plan != nullptr) {
       out << std::setw(16) << predicted[i];
     }

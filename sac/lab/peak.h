@@ -88,16 +88,18 @@ struct StepPhase {
   };
   Kind kind = Kind::Between;
   int region = -1;
-  // Bytes over what was live when the step began: the phase's peak, and the
-  // peak of each stretch in it, alternately the gap before an op call seen
-  // on the thread and the call itself (the last gap ends with the phase).
-  int64_t peak = 0;
+  // Bytes over what was live when the step began: the peak of each stretch
+  // of the phase, alternately the gap before an op call seen on the thread
+  // and the call itself (the last gap ends with the phase).
   std::vector<int64_t> step_peaks;
   // Per stretch: a gap between op calls (true) or an op call's own.
   std::vector<bool> step_is_gap;
   // The regions whose kept outputs would be alive through the phase: their
   // forward ended and their recomputation has not begun.
   std::vector<int> alive;
+
+  // The phase's peak: its stretches' highest.
+  int64_t peak() const;
 };
 
 // A plan for a peak budget (StepPhases::plan_for_peak).
