@@ -10,10 +10,12 @@
 // keep after the forward (the counting allocator, over full recomputation),
 // the recomputation time per step (sac::RegionStatistics) and the step time,
 // medians of --runs steps; and the gradients are checked bit for bit against
-// training without checkpointing. Then plans for a sweep of peak budgets
-// (sac::StepPhases::plan_for_peak), each step's peak predicted from one step
-// under full recomputation and measured. It writes the points as CSV and
-// draws them with gnuplot.
+// training without checkpointing. The step's peak, too, is predicted for
+// every point (from one step under full recomputation, sac/lab/peak.h) and
+// measured. Then plans for a sweep of peak budgets
+// (sac::StepPhases::plan_for_peak), drawn beside the other points on the
+// peak/recomputation plane. It writes the points as CSV and draws them with
+// gnuplot.
 //
 //   cmake --build build --target policy_lab
 //   build/examples/policy_lab [--layers 4] [--embed 128] [--heads 4] [--seq 128]
@@ -41,7 +43,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <optional>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -130,10 +131,10 @@ struct Point {
   double measured_recompute_ms = 0;  // RegionStatistics::recompute_seconds
   double step_ms = 0;
   bool identical = false;
-  // The step's peak (forward + backward) over what was live before it:
-  // predicted for budgeted plans (sac/lab/peak.h), measured for all.
-  std::optional<sac::BudgetedPlan> plan;
-  int64_t predicted_peak = -1;
+  // The step's peak (forward + backward) over what was live before it,
+  // predicted from the calls each block keeps (sac/lab/peak.h) and measured.
+  std::vector<std::vector<sac::KeptCall>> kept_calls;
+  int64_t predicted_peak = 0;
   int64_t measured_peak = 0;
 };
 
@@ -148,7 +149,7 @@ Point budget_point(const std::string& label, const std::string& kind,
   p.predicted_bytes = plan.kept_bytes;
   p.predicted_recompute_ms = plan.recompute_seconds * 1e3;
   p.solver_ms = plan.solver_seconds * 1e3;
-  p.plan = plan;
+  p.kept_calls = plan.kept_calls;
   return p;
 }
 
@@ -167,6 +168,7 @@ Point explained_point(const std::string& label, const sac::Policy& policy, const
       throw std::runtime_error("block " + std::to_string(i) + " ran different ops under " + label);
     }
     p.predicted_bytes += e.kept_bytes();
+    p.kept_calls.push_back(e.kept_calls());
     for (size_t c = 0; c < profiled.size(); ++c) {
       const auto outcome = e.calls()[c].outcome;
       if (outcome != sac::ExplainedCall::Outcome::Saved &&
@@ -303,7 +305,7 @@ void measure(std::vector<Point>& points, Gpt& model, const Batch& batch, int64_t
     const Step first = step(model, batch, &p.policies, statistics);
     p.measured_bytes = first.kept - baseline;
     p.measured_peak = first.peak;
-    if (p.plan) p.predicted_peak = phases.predict_peak(*p.plan);
+    p.predicted_peak = phases.predict_peak(p.kept_calls);
     p.statistics_bytes = statistics->read().bytes_kept;
     p.identical = identical(first, reference);
   }
@@ -327,14 +329,13 @@ void measure(std::vector<Point>& points, Gpt& model, const Batch& batch, int64_t
 
 // ---- Output ------------------------------------------------------------------
 
-// The step's peak, predicted and measured, for every budgeted plan.
+// The step's peak, predicted and measured, for every point.
 void print_peaks(const std::vector<Point>& points, int64_t full_recomputation) {
   std::printf("\nthe step's peak (forward + backward), predicted from one step under full "
               "recomputation (%.3f MiB) and measured:\n%-32s %14s %14s %10s\n",
-              mib(full_recomputation), "budgeted plan", "predicted MiB", "measured MiB",
+              mib(full_recomputation), "plan or policy", "predicted MiB", "measured MiB",
               "diff B");
   for (const Point& p : points) {
-    if (p.predicted_peak < 0) continue;
     std::printf("%-32s %14.3f %14.3f %10lld\n", p.label.c_str(), mib(p.predicted_peak),
                 mib(p.measured_peak), (long long)(p.predicted_peak - p.measured_peak));
   }
@@ -410,29 +411,49 @@ void plot(const std::string& csv, const std::string& png, const std::string& tit
   run_gnuplot(csv, gp.str());
 }
 
-// Draws the plans for a peak budget from peaks.csv: their peaks, predicted
-// and measured, against the budget, and the recomputation each leaves.
-void plot_peaks(const std::string& csv, const std::string& png, const std::string& title) {
+// Draws the plans for a peak budget from peaks.csv: on the left their
+// peaks, predicted and measured, against the budget; on the right the
+// recomputation each leaves against its peak, beside the bytes plans and
+// the named policies of frontier.csv on the same axes.
+void plot_peaks(const std::string& peaks_csv, const std::string& frontier_csv,
+                const std::string& png, const std::string& title) {
   std::ostringstream gp;
   gp << "set datafile separator ','\n"
-        "set terminal pngcairo size 1100,700 font ',11' noenhanced\n"
+        "set terminal pngcairo size 1600,700 font ',11' noenhanced\n"
         "set output '" << png << "'\n"
-        "set title \"" << title << "\"\n"
+        "set multiplot layout 1,2 title \"" << title << "\"\n"
+        "mib(b) = b / 1048576.0\n"
+        "is(k) = strcol(2) eq k\n"
+        "set grid\n"
+        "set key top left\n"
+        "set title 'plans for a peak budget'\n"
         "set xlabel 'peak budget of the step (MiB)'\n"
         "set ylabel 'peak of the step, forward + backward (MiB)'\n"
-        "set y2label 'recomputation time per step, predicted (ms)'\n"
-        "set y2tics\n"
-        "set ytics nomirror\n"
-        "set key top left\n"
-        "set grid\n"
-        "mib(b) = b / 1048576.0\n"
-        "plot '" << csv << "' using (mib($1)):(mib($1)) with lines dt 2 lc rgb 'gray' "
+        "plot '" << peaks_csv << "' using (mib($1)):(mib($1)) with lines dt 2 lc rgb 'gray' "
         "title 'the budget', \\\n"
         "  '' using (mib($1)):(mib($2)) with linespoints lw 2 pt 6 ps 1.6 "
         "title 'peak, predicted', \\\n"
-        "  '' using (mib($1)):(mib($3)) with points pt 7 ps 0.9 title 'peak, measured', \\\n"
-        "  '' using (mib($1)):4 axes x1y2 with linespoints pt 5 title 'recomputation (ms)'\n";
-  run_gnuplot(csv, gp.str());
+        "  '' using (mib($1)):(mib($3)) with points pt 7 ps 0.9 title 'peak, measured'\n"
+        "set key top right\n"
+        "set offsets 0, graph 0.12, 0, 0\n"
+        "set title 'every plan and policy: recomputation against the step''s peak'\n"
+        "set xlabel 'peak of the step, forward + backward (MiB)'\n"
+        "set ylabel 'recomputation time per step, predicted (ms)'\n"
+        "plot '" << peaks_csv << "' using (mib($2)):4 with linespoints lw 2 pt 6 ps 1.4 "
+        "title 'for a peak budget, predicted', \\\n"
+        "  '' using (mib($3)):4 with points pt 7 ps 0.8 title 'for a peak budget, measured', \\\n"
+        "  '" << frontier_csv << "' using (is('sweep') ? mib($11) : 1/0):6 with linespoints "
+        "lw 2 pt 8 ps 1.4 title 'for a byte budget, predicted', \\\n"
+        "  '' using (is('sweep') ? mib($12) : 1/0):6 with points pt 9 ps 0.9 "
+        "title 'for a byte budget, measured', \\\n"
+        "  '' using (is('policy') ? mib($11) : 1/0):6 with points pt 4 ps 1.6 "
+        "title 'named policies, predicted', \\\n"
+        "  '' using (is('policy') ? mib($12) : 1/0):6 with points pt 5 ps 0.9 "
+        "title 'named policies, measured', \\\n"
+        "  '' using (is('policy') ? mib($12) : 1/0):6:1 with labels offset 1.2,0.8 left "
+        "font ',10' notitle\n"
+        "unset multiplot\n";
+  run_gnuplot(peaks_csv, gp.str());
 }
 
 void write_csv(const std::string& path, const std::vector<Point>& points) {
@@ -564,7 +585,7 @@ int run_lab(int argc, char** argv) {
     std::printf(" and %s", png.c_str());
     if (absl::GetFlag(FLAGS_peak_points) >= 2) {
       const std::string peaks_png = (out / "peaks.png").string();
-      plot_peaks(peaks_csv, peaks_png, std::string(title) + ": plans for a peak budget");
+      plot_peaks(peaks_csv, csv, peaks_png, title);
       std::printf(" and %s", peaks_png.c_str());
     }
   }

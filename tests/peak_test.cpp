@@ -8,7 +8,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <c10/core/CachingDeviceAllocator.h>
+
 #include <cstdint>
+#include <functional>
 #include <iostream>
 #include <limits>
 #include <string>
@@ -177,39 +180,154 @@ TEST_F(Peak, PlansForAPeakBudgetFitIt) {
   EXPECT_NE(message.find("no plan of what to keep fits"), std::string::npos) << message;
 }
 
-// Sequence lengths that change step by step: one plan per length, solved
-// when the length first appears, each step's peak under the budget and its
-// gradients bit-identical to no checkpointing.
-TEST_F(Peak, PlansFollowTheShapeOfTheData) {
+// Offload as a choice of the peak plan, through the profile's seam: the
+// same profiles, said to be on an accelerator, with trips that cost a tenth
+// of every call's recomputation. At full recomputation's peak, where nothing
+// can be kept, the plan offloads instead of recomputing; its peak is
+// unchanged (an offloaded output holds no device memory) and it costs less.
+TEST_F(Peak, APeakPlanOffloadsWhereTheTripIsCheaper) {
   Model model;
-  model.set_length(48);
-  const sac::StepPhases longest = measure_full_recomputation(model);
-  const int64_t everything =
-      longest.predict_peak(sac::budgeted_plan(model.profiles(), sac::Budget::fraction(1)));
-  const int64_t budget = (longest.peak() + everything) / 2;
+  const sac::StepPhases phases = measure_full_recomputation(model);
+  std::vector<sac::RegionProfile> on_device;
+  double fastest = std::numeric_limits<double>::max();
+  for (const auto& profile : model.profiles()) {
+    std::vector<sac::OpCallProfile> calls = profile.calls();
+    for (auto& call : calls) {
+      call.device = c10::Device(c10::kCUDA, 0);
+      if (call.output_bytes > 0) {
+        fastest = std::min(fastest, call.seconds / static_cast<double>(call.output_bytes));
+      }
+    }
+    on_device.emplace_back(std::move(calls));
+  }
+  const sac::OffloadCost cheap{10.0 / fastest};  // bytes per second
+  const sac::PeakPlan recomputing = phases.plan_for_peak(on_device, phases.peak());
+  const sac::PeakPlan offloading = phases.plan_for_peak(on_device, phases.peak(), cheap);
+  EXPECT_EQ(recomputing.plan.offloaded_bytes, 0);
+  EXPECT_GT(offloading.plan.offloaded_bytes, 0);
+  EXPECT_EQ(offloading.predicted_peak, phases.peak());
+  EXPECT_LT(offloading.plan.recompute_seconds + offloading.plan.offload_seconds,
+            recomputing.plan.recompute_seconds);
+  EXPECT_GE(offloading.gap_seconds, 0);
+}
 
+// Sequence lengths that change step by step: one plan per length, solved
+// when the length first appears under the peak budget `budget()` reads then,
+// each step's peak under `limit` and its gradients bit-identical to no
+// checkpointing.
+void follow_changing_lengths(Model& model, const std::function<int64_t()>& budget,
+                             const std::function<int64_t()>& limit) {
   sac::ShapePlans plans([&](const sac::ShapePlans::Signature& shape) {
     model.set_length(shape[0]);
+    model.zero_grad();
+    const int64_t bytes = budget();  // as the step begins
     const sac::StepPhases phases = measure_full_recomputation(model);
-    return phases.plan_for_peak(model.profiles(), budget).plan.policies;
+    return phases.plan_for_peak(model.profiles(), bytes).plan.policies;
   });
   const std::vector<int64_t> lengths{16, 32, 24, 32, 48, 16, 48, 24, 40, 16};
   for (const int64_t length : lengths) {
     SCOPED_TRACE(length);
     const std::vector<sac::Policy>& policies = plans.policies_for({length});
     model.set_length(length);
-    const auto expected = model.plain_gradients();
-    EXPECT_LE(model.measured_peak(policies), budget);
-    sac_test::expect_bit_identical(expected, model.gradients());
+    model.zero_grad();
+    const int64_t room = limit();  // as the step begins
+    EXPECT_LE(model.measured_peak(policies), room);
+    const auto got = model.gradients();
+    sac_test::expect_bit_identical(model.plain_gradients(), got);
   }
   EXPECT_EQ(plans.solved(), 5u);  // 16, 32, 24, 48, 40
-  // One static plan, the short batches', runs over the budget on the long.
+  // One static plan, the short batches', runs over the limit on the long.
   const std::vector<sac::Policy> short_plan = plans.policies_for({16});
   model.set_length(48);
-  EXPECT_GT(model.measured_peak(short_plan), budget);
+  model.zero_grad();
+  const int64_t room = limit();
+  EXPECT_GT(model.measured_peak(short_plan), room);
   for (const double seconds : plans.solve_seconds()) {
     std::cout << "solved a new length in " << seconds * 1e3 << " ms\n";
   }
+}
+
+// The midpoint of the longest length's peaks, full recomputation's and
+// keeping everything's: a budget that leaves a choice.
+int64_t mid_budget(Model& model) {
+  model.set_length(48);
+  const sac::StepPhases longest = measure_full_recomputation(model);
+  const int64_t everything =
+      longest.predict_peak(sac::budgeted_plan(model.profiles(), sac::Budget::fraction(1)));
+  return (longest.peak() + everything) / 2;
+}
+
+TEST_F(Peak, PlansFollowTheShapeOfTheData) {
+  Model model;
+  const int64_t budget = mid_budget(model);
+  follow_changing_lengths(model, [&] { return budget; }, [&] { return budget; });
+}
+
+// The same with the budget read from free memory at each solve: a device of
+// `capacity` bytes, where what is live before the step counts against it.
+TEST_F(Peak, PlansFollowTheFreeMemory) {
+  Model model;
+  const int64_t budget = mid_budget(model);
+  model.zero_grad();
+  const int64_t capacity = CountingAllocator::live_bytes() + budget;
+  sac::MemoryProbe probe = counting_probe();
+  probe.free = [&] { return capacity - CountingAllocator::live_bytes(); };
+  // measured_peak counts over what is live as the step begins: its limit
+  // is what is free then.
+  follow_changing_lengths(model, probe.free, probe.free);
+}
+
+// A fake caching allocator behind the accelerator's seam (PrivateUse1), with
+// statistics set by the test: what sac::device_memory_probe reads from it.
+class StatisticsAllocator final : public c10::DeviceAllocator {
+ public:
+  int64_t allocated = 0, peak = 0, reserved = 0, device_free = 0;
+  std::vector<c10::DeviceIndex> peaks_reset;
+  c10::DeviceIndex asked = -1;
+
+  c10::DataPtr allocate(size_t) override { return {nullptr, c10::Device(c10::kPrivateUse1, 0)}; }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void*, const void*, std::size_t) const override {}
+  bool initialized() override { return true; }
+  void emptyCache(c10::MempoolId_t) override {}
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex index) override {
+    asked = index;
+    c10::CachingDeviceAllocator::DeviceStats stats;
+    constexpr size_t kAll = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    stats.allocated_bytes[kAll].current = allocated;
+    stats.allocated_bytes[kAll].peak = peak;
+    stats.reserved_bytes[kAll].current = reserved;
+    return stats;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex) override {}
+  void resetPeakStats(c10::DeviceIndex index) override { peaks_reset.push_back(index); }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex) override {
+    return {static_cast<size_t>(device_free), size_t{1} << 40};
+  }
+};
+
+TEST_F(Peak, TheDeviceProbeReadsTheCachingAllocator) {
+  static StatisticsAllocator fake;
+  c10::SetAllocator(c10::kPrivateUse1, &fake);
+  fake.allocated = 1000;
+  fake.peak = 5000;
+  fake.reserved = 3000;
+  fake.device_free = 10000;
+  const sac::MemoryProbe probe = sac::device_memory_probe(c10::Device(c10::kPrivateUse1, 1));
+  EXPECT_EQ(probe.live(), 1000);
+  EXPECT_EQ(fake.asked, 1);
+  EXPECT_EQ(probe.peak(), 5000);
+  EXPECT_EQ(probe.free(), 10000 + 2000) << "the device's free memory and the cache's unused";
+  probe.reset_peak();
+  EXPECT_EQ(fake.peaks_reset, std::vector<c10::DeviceIndex>{1});
+
+  std::string message = sac_test::error_of([] { sac::device_memory_probe(c10::kCPU); });
+  EXPECT_NE(message.find("the CPU has no caching device allocator"), std::string::npos)
+      << message;
+  message = sac_test::error_of([] { sac::device_memory_probe(c10::Device(c10::kIPU, 0)); });
+  EXPECT_NE(message.find("has no caching device allocator (none is registered"),
+            std::string::npos) << message;
 }
 
 TEST_F(Peak, APlanForOtherRegionsIsAClearError) {

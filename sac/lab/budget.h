@@ -60,6 +60,15 @@ struct OffloadCost {
 // and pinned host memory: the best of a few synchronous copies out and back.
 double measure_offload_bandwidth(c10::Device device, int64_t bytes = int64_t{64} << 20);
 
+// A call a region's policy saves: call `call` of `op`, and the bytes saving
+// it keeps (calls that share a storage count it once, at one of them): what
+// sac::StepPhases::predict_peak (sac/lab/peak.h) adds to a step.
+struct KeptCall {
+  c10::OperatorHandle op;
+  size_t call = 0;
+  int64_t bytes = 0;
+};
+
 struct BudgetedPlan {
   // One policy per profile, in order.
   std::vector<Policy> policies;
@@ -67,14 +76,7 @@ struct BudgetedPlan {
   // Predicted: bytes kept after the forward, and the time of the calls the
   // recomputation runs (all profiled calls but the kept and offloaded ones).
   int64_t kept_bytes = 0;
-  // The calls each policy saves, in order, with the bytes each keeps (their
-  // sum is kept_bytes; calls that share a storage count it once): what
-  // sac::StepPhases::predict_peak (sac/lab/peak.h) adds to a step.
-  struct KeptCall {
-    c10::OperatorHandle op;
-    size_t call = 0;
-    int64_t bytes = 0;
-  };
+  // The calls each policy saves, in order (their bytes sum to kept_bytes).
   std::vector<std::vector<KeptCall>> kept_calls;
   double recompute_seconds = 0;
   // Predicted, with offload as a choice: the bytes moved to host memory and

@@ -65,10 +65,30 @@ class NoCopies final : public CopyTarget {
 
 }  // namespace
 
+std::vector<KeptCall> Explanation::kept_calls() const {
+  std::vector<bool> counted(calls_.size(), false);
+  std::vector<KeptCall> kept;
+  auto keep = [&](size_t i) {
+    if (!counted[i]) {
+      counted[i] = true;
+      kept.push_back({calls_[i].profile.op, calls_[i].profile.call, calls_[i].profile.output_bytes});
+    }
+  };
+  for (size_t i = 0; i < calls_.size(); ++i) {
+    if (calls_[i].outcome == ExplainedCall::Outcome::Saved) {
+      for (const size_t maker : calls_[i].profile.shares_storage_with) {
+        keep(maker);
+      }
+      keep(i);
+    }
+  }
+  return kept;
+}
+
 int64_t Explanation::kept_bytes() const {
   int64_t bytes = 0;
-  for (const auto& c : calls_) {
-    bytes += c.outcome == ExplainedCall::Outcome::Saved ? c.profile.output_bytes : 0;
+  for (const auto& k : kept_calls()) {
+    bytes += k.bytes;
   }
   return bytes;
 }

@@ -11,6 +11,7 @@
 // or an in-place change overrode the answer).
 #pragma once
 
+#include <sac/lab/budget.h>
 #include <sac/lab/profile.h>
 #include <sac/policy/policy.h>
 
@@ -36,6 +37,11 @@ class Explanation {
   const std::vector<ExplainedCall>& calls() const { return calls_; }
   // Bytes the region keeps on the device after the forward (saved calls).
   int64_t kept_bytes() const;
+  // The saved calls, each with the bytes it keeps; a saved call whose
+  // outputs share an earlier call's storage (aten::_unsafe_view of a
+  // matmul's) keeps that storage, counted once at the call that made it:
+  // what sac::StepPhases::predict_peak adds to a step.
+  std::vector<KeptCall> kept_calls() const;
   // Bytes offloaded to the copy target.
   int64_t offloaded_bytes() const;
   // Time of the calls the recomputation runs: every call but the kept ones

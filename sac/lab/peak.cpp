@@ -8,6 +8,7 @@
 #include <sac/lab/internal/knapsack.h>
 #include <sac/policy/internal/op_traits.h>
 
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/util/Exception.h>
 #include <c10/util/intrusive_ptr.h>
@@ -208,15 +209,16 @@ int64_t StepPhases::adds_at(size_t call, int64_t plan_bytes, size_t phase, size_
   return bytes;
 }
 
-std::vector<int64_t> StepPhases::predicted_phases(const BudgetedPlan& plan) const {
-  TORCH_CHECK(plan.kept_calls.size() == static_cast<size_t>(regions_),
+std::vector<int64_t> StepPhases::predicted_phases(
+    const std::vector<std::vector<KeptCall>>& kept_calls) const {
+  TORCH_CHECK(kept_calls.size() == static_cast<size_t>(regions_),
               "sac::StepPhases::predict_peak: the step ran ", regions_,
-              " regions, but the plan has ", plan.kept_calls.size(),
+              " regions, but the plan has ", kept_calls.size(),
               " policies; plan one policy per region, in the order their forwards begin.");
   // Each kept call's index among the step's calls, with the plan's bytes.
   std::vector<std::vector<std::pair<size_t, int64_t>>> kept(regions_);
   for (int region = 0; region < regions_; ++region) {
-    for (const auto& k : plan.kept_calls[region]) {
+    for (const auto& k : kept_calls[region]) {
       kept[region].emplace_back(find_call(region, k.op, k.call), k.bytes);
     }
   }
@@ -244,13 +246,14 @@ std::vector<int64_t> StepPhases::predicted_phases(const BudgetedPlan& plan) cons
   return predicted;
 }
 
-int64_t StepPhases::predict_peak(const BudgetedPlan& plan) const {
-  const std::vector<int64_t> predicted = predicted_phases(plan);
+int64_t StepPhases::predict_peak(const std::vector<std::vector<KeptCall>>& kept_calls) const {
+  const std::vector<int64_t> predicted = predicted_phases(kept_calls);
   return predicted.empty() ? 0 : *std::max_element(predicted.begin(), predicted.end());
 }
 
 PeakPlan StepPhases::plan_for_peak(const std::vector<RegionProfile>& profiles,
-                                   int64_t peak_bytes, size_t grid) const {
+                                   int64_t peak_bytes, std::optional<OffloadCost> offload,
+                                   size_t grid) const {
   TORCH_CHECK(profiles.size() == static_cast<size_t>(regions_),
               "sac::StepPhases::plan_for_peak: the step ran ", regions_, " regions, but ",
               profiles.size(), " profiles were given; give one per region, in order.");
@@ -266,16 +269,20 @@ PeakPlan StepPhases::plan_for_peak(const std::vector<RegionProfile>& profiles,
   PeakPlan best;
   best.peak_budget = peak_bytes;
   size_t tried = 0;
+  // What a plan costs a step: its recomputation and its offloads' trips.
+  auto cost = [](const BudgetedPlan& plan) {
+    return plan.recompute_seconds + plan.offload_seconds;
+  };
   // Tries the plan at `bytes`: whether its predicted peak fits; keeps it if
-  // it recomputes least so far.
+  // it costs least so far.
   auto fits = [&](int64_t bytes) {
     ++tried;
-    BudgetedPlan plan = budgeted_plan(profiles, Budget::bytes(bytes));
+    BudgetedPlan plan = budgeted_plan(profiles, Budget::bytes(bytes), offload);
     const int64_t predicted = predict_peak(plan);
     if (predicted > peak_bytes) {
       return false;
     }
-    if (tried == 1 || plan.recompute_seconds < best.plan.recompute_seconds) {
+    if (tried == 1 || cost(plan) < cost(best.plan)) {
       best.plan = std::move(plan);
       best.predicted_peak = predicted;
     }
@@ -310,7 +317,7 @@ PeakPlan StepPhases::plan_for_peak(const std::vector<RegionProfile>& profiles,
   // knapsack) saves at least as much as any plan that fits.
   std::vector<lab::CallChoice> choices;
   for (size_t r = 0; r < profiles.size(); ++r) {
-    for (auto& c : lab::choices_of(profiles[r], r, std::nullopt)) {
+    for (auto& c : lab::choices_of(profiles[r], r, offload)) {
       choices.push_back(std::move(c));
     }
   }
@@ -340,7 +347,7 @@ PeakPlan StepPhases::plan_for_peak(const std::vector<RegionProfile>& profiles,
   // The stretches: where every region's kept outputs count (after the last
   // forward), and where the plan's prediction peaks.
   double bound = everything_seconds;
-  const std::vector<int64_t> predicted = predicted_phases(best.plan);
+  const std::vector<int64_t> predicted = predicted_phases(best.plan.kept_calls);
   for (size_t p = 0; p < phases_.size(); ++p) {
     const bool all_alive = phases_[p].alive.size() == static_cast<size_t>(regions_);
     if (all_alive || predicted[p] == best.predicted_peak) {
@@ -349,14 +356,22 @@ PeakPlan StepPhases::plan_for_peak(const std::vector<RegionProfile>& profiles,
       }
     }
   }
-  // What the plan saves: every profiled call's time but what it recomputes.
-  double kept_seconds = -best.plan.recompute_seconds;
+  // The least any plan that fits can cost: every profiled call's time, with
+  // each choice left out the cheaper way, less the bound on what keeping
+  // saves over that.
+  double least = -bound;
   for (const auto& profile : profiles) {
     for (const auto& call : profile.calls()) {
-      kept_seconds += call.seconds;
+      least += call.seconds;
     }
   }
-  best.gap_seconds = std::max(0.0, bound - kept_seconds);
+  for (const auto& choice : choices) {
+    least += choice.left.seconds;
+    for (const OpCallProfile* call : choice.calls) {
+      least -= call->seconds;
+    }
+  }
+  best.gap_seconds = std::max(0.0, cost(best.plan) - least);
   best.exact = best.gap_seconds <= 1e-12;
   best.byte_budgets_tried = tried;
   best.solver_seconds =
@@ -366,7 +381,7 @@ PeakPlan StepPhases::plan_for_peak(const std::vector<RegionProfile>& profiles,
 
 void StepPhases::print(std::ostream& out, const BudgetedPlan* plan) const {
   const std::vector<int64_t> predicted =
-      plan != nullptr ? predicted_phases(*plan) : std::vector<int64_t>();
+      plan != nullptr ? predicted_phases(plan->kept_calls) : std::vector<int64_t>();
   out << std::left << std::setw(10) << "phase" << std::right << std::setw(8) << "region"
       << std::setw(16) << "measured" << (plan != nullptr ? "       predicted" : "")
       << "  alive\n";
@@ -379,6 +394,37 @@ void StepPhases::print(std::ostream& out, const BudgetedPlan* plan) const {
     }
     out << "  " << phase.alive.size() << " regions\n";
   }
+}
+
+MemoryProbe device_memory_probe(c10::Device device) {
+  TORCH_CHECK(device.type() != c10::DeviceType::CPU,
+              "sac::device_memory_probe: the CPU has no caching device allocator to read; on the "
+              "CPU, give sac::MemoryProbe your allocator's counters (examples/memory_meter.h).");
+  c10::Allocator* registered = nullptr;
+  try {
+    registered = c10::GetAllocator(device.type());
+  } catch (const c10::Error&) {  // none registered: c10 asserts
+  }
+  auto* allocator = dynamic_cast<c10::DeviceAllocator*>(registered);
+  TORCH_CHECK(allocator != nullptr, "sac::device_memory_probe: ", device.type(),
+              " has no caching device allocator (",
+              registered == nullptr ? "none is registered: is its backend loaded?"
+                                    : "its allocator is not a c10::DeviceAllocator",
+              "), so there are no statistics to read; give sac::MemoryProbe the allocator's "
+              "counters yourself.");
+  const c10::DeviceIndex index = device.has_index() ? device.index() : 0;
+  constexpr size_t kAll = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+  return {[allocator, index] {
+            return allocator->getDeviceStats(index).allocated_bytes[kAll].current;
+          },
+          [allocator, index] { return allocator->getDeviceStats(index).allocated_bytes[kAll].peak; },
+          [allocator, index] { allocator->resetPeakStats(index); },
+          [allocator, index] {
+            const auto stats = allocator->getDeviceStats(index);
+            const int64_t cached =
+                stats.reserved_bytes[kAll].current - stats.allocated_bytes[kAll].current;
+            return static_cast<int64_t>(allocator->getMemoryInfo(index).first) + cached;
+          }};
 }
 
 StepPhases measure_step_phases(const MemoryProbe& probe, const std::function<void()>& step) {

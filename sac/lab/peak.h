@@ -36,22 +36,33 @@
 #include <sac/lab/budget.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
+#include <optional>
 #include <vector>
 
 namespace sac {
 
 // Live bytes and the peak since the last reset, of the allocator the step
 // uses: the counting allocator on CPU (examples/memory_meter.h), the caching
-// allocator's statistics on CUDA.
+// allocator's statistics on an accelerator (device_memory_probe).
 struct MemoryProbe {
   std::function<int64_t()> live;
   std::function<int64_t()> peak;
   std::function<void()> reset_peak;
+  // Bytes the allocator could still hand out, if it knows: a peak budget
+  // read at solve time is free() less a margin (sac/lab/shape_plans.h).
+  std::function<int64_t()> free;
 };
+
+// The probe of `device`'s caching allocator (CUDA's, or any registered
+// c10::DeviceAllocator): live and peak are its allocated bytes; free is the
+// device's free memory plus what the allocator has reserved and not handed
+// out. A clear error for the CPU or a device type without such an allocator.
+MemoryProbe device_memory_probe(c10::Device device);
 
 // A moment of the measured step: the end of stretch `step` of phase
 // `phase` (see StepPhase::step_peaks).
@@ -107,8 +118,9 @@ struct PeakPlan {
   BudgetedPlan plan;  // its budget_bytes: the byte budget it was solved at
   int64_t peak_budget = 0;
   int64_t predicted_peak = 0;
-  // Whether no plan whose predicted peak fits recomputes less: proven when
-  // the plan reaches the bound, else at most `gap_seconds` more.
+  // Whether no plan whose predicted peak fits costs less (recomputation,
+  // and offload trips): proven when the plan reaches the bound, else at
+  // most `gap_seconds` more.
   bool exact = false;
   double gap_seconds = 0;
   size_t byte_budgets_tried = 0;
@@ -127,7 +139,10 @@ class StepPhases {
   int64_t peak() const;
   // The step's peak under `plan`, whose policies are the regions', in the
   // order their forwards began.
-  int64_t predict_peak(const BudgetedPlan& plan) const;
+  int64_t predict_peak(const BudgetedPlan& plan) const { return predict_peak(plan.kept_calls); }
+  // The same from the calls each region keeps, in order: a budgeted plan's
+  // or any policy's (Explanation::kept_calls, sac/lab/explain.h).
+  int64_t predict_peak(const std::vector<std::vector<KeptCall>>& kept_calls) const;
   // The plan of least recomputation time whose predicted peak is at most
   // `peak_bytes`, for the regions profiled in `profiles` (one per region,
   // in order). Searched among budgeted plans (sac/lab/budget.h) at byte
@@ -138,14 +153,21 @@ class StepPhases {
   // plan that fits the budget fits these). More peak budget never gives a
   // plan that recomputes more. An error if even full recomputation's peak
   // is over the budget.
+  //
+  // With `offload`, an accelerator's outputs may be offloaded where the trip
+  // costs less than their recomputation (the cost is then recomputation and
+  // trips): an offloaded output adds nothing on the device until its
+  // region's backward brings it back, in place of what full recomputation
+  // makes there. On the CPU there are no such outputs.
   PeakPlan plan_for_peak(const std::vector<RegionProfile>& profiles, int64_t peak_bytes,
+                         std::optional<OffloadCost> offload = std::nullopt,
                          size_t grid = 32) const;
 
   // A table, one row per phase (with the prediction for `plan` if given).
   void print(std::ostream& out, const BudgetedPlan* plan = nullptr) const;
 
  private:
-  std::vector<int64_t> predicted_phases(const BudgetedPlan& plan) const;
+  std::vector<int64_t> predicted_phases(const std::vector<std::vector<KeptCall>>& kept_calls) const;
   size_t find_call(int region, const c10::OperatorHandle& op, size_t call) const;
   // Whether `region`'s kept outputs count in `phase`.
   static bool counts(const StepPhase& phase, int region);

@@ -16,7 +16,8 @@
 //
 // The signature is what the caller says decides the plan (the input's
 // sizes, usually); the solve is the caller's too, so that the budget may be
-// bytes or the allocator's free memory read at solve time.
+// bytes or the allocator's free memory read at solve time
+// (sac::MemoryProbe::free, sac/lab/peak.h).
 #pragma once
 
 #include <sac/policy/policy.h>
