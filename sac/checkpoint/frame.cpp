@@ -46,6 +46,10 @@ struct Holder {
 
 namespace {
 
+uint32_t version_of(const at::Tensor& t) {
+  return t.defined() && !t.is_inference() ? t._version() : 0;
+}
+
 constexpr const char* kDebugTip =
     "Tip: for a more detailed error, pass .debug(true) in the checkpoint's "
     "options (or create a sac::DebugGuard(true)) to log the ops of the forward "
@@ -154,6 +158,14 @@ std::shared_ptr<Holder> CheckpointFrame::add_holder(const at::Tensor& packed) {
   if (config_.determinism_check) {
     metadata_.push_back({packed.sizes().vec(), packed.scalar_type(), packed.device()});
   }
+  if (config_.value_check) {
+    SavedValue saved{ValueChecksum::of(packed), origins_.describe(packed)};
+    saved.version = version_of(packed);
+    if (!origins_.made_in_region(packed)) {
+      saved.saved.emplace(packed.getIntrusivePtr());  // compared again at the forward's end
+    }
+    values_.push_back(std::move(saved));
+  }
   return holder;
 }
 
@@ -245,6 +257,9 @@ void CheckpointFrame::save_recomputed(int64_t graph_task, const at::Tensor& valu
                        "(", holders_.size(), " in forward). The checkpointed "
                        "function ran different ops when recomputed. ",
                        kDebugTip);
+  if (config_.value_check) {
+    check_value(index, value);
+  }
   if (auto holder = holders_[index].lock()) {
     // A holder freed by a backward inside the forward needs nothing.
     auto& slot = holder->recomputed[graph_task];
@@ -294,6 +309,53 @@ void CheckpointFrame::check_recomputed_tensors_match(int64_t graph_task) {
       "devices. ", kDebugTip,
       " Turn the check off with .determinism_check(sac::DeterminismCheck::None) "
       "only if the difference is intended.");
+}
+
+void CheckpointFrame::note_written_outside_tensors() {
+  for (SavedValue& value : values_) {
+    if (value.saved.has_value()) {
+      if (auto alive = value.saved->lock()) {
+        value.written_by_region =
+            !ValueChecksum::of(at::Tensor(std::move(alive))).matches(value.checksum);
+      }
+      value.saved.reset();
+    }
+  }
+}
+
+std::string CheckpointFrame::region_name() const {
+  return config_.name.empty()
+             ? "a region with no name (name it with CheckpointOptions::name)"
+             : "region `" + config_.name + "`";
+}
+
+void CheckpointFrame::check_value(size_t index, const at::Tensor& value) const {
+  const TensorMetadata recomputed{value.sizes().vec(), value.scalar_type(), value.device()};
+  const bool same_metadata = recomputed == metadata_[index];
+  if (same_metadata &&
+      (values_[index].written_by_region || version_of(value) != values_[index].version)) {
+    return;
+  }
+  const ValueChecksum checksum = ValueChecksum::of(value);
+  if (same_metadata && checksum.matches(values_[index].checksum)) {
+    return;
+  }
+  SAC_CHECKPOINT_CHECK(
+      false, "sac::checkpoint: the recomputation of ", region_name(),
+      " gave a different value than its forward to tensor ", index, " of the ",
+      holders_.size(), " that autograd saved there: ", values_[index].origin, ". ",
+      same_metadata ? "Its values differ (checksum " + values_[index].checksum.str() +
+                          " in the forward, " + checksum.str() + " recomputed), " +
+                          metadata_[index].str() + "."
+                    : "Forward: " + metadata_[index].str() + "; recomputed: " +
+                          recomputed.str() + ".",
+      " The gradients would be wrong. The region read different values when recomputed: "
+      "state changed between the forward and the backward (a write through data_ptr() "
+      "behind autograd's back, an op that draws from its own state) or a kernel is not "
+      "deterministic. Keep the output of the op that made it (a policy that saves it; "
+      "for ops that decide shapes and control flow, any_of({policy, "
+      "sac::shape_deciding_ops()})), or make what it reads stable. ",
+      kDebugTip);
 }
 
 void CheckpointFrame::rethrow_with_logs(const c10::Error& error) const {

@@ -10,8 +10,11 @@ FrameConfig frame_config(const CheckpointOptions& options) {
   config.early_stop = early_stop_override().value_or(options.early_stop());
   config.debug = debug_override().value_or(options.debug());
   config.debug_backtraces = options.debug_backtraces();
-  config.determinism_check =
-      options.determinism_check() == DeterminismCheck::Default;
+  const DeterminismCheck check =
+      determinism_check_override().value_or(options.determinism_check());
+  config.determinism_check = check != DeterminismCheck::None;
+  config.value_check = check == DeterminismCheck::Values;
+  config.name = options.name();
   return config;
 }
 

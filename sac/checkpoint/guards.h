@@ -1,6 +1,8 @@
-// Thread-local overrides of two checkpoint options, as PyTorch's
+// Thread-local overrides of checkpoint options, as PyTorch's
 // `set_checkpoint_early_stop` and `set_checkpoint_debug_enabled`.
 #pragma once
+
+#include <sac/checkpoint/options.h>
 
 #include <optional>
 
@@ -33,10 +35,25 @@ class DebugGuard {
   std::optional<bool> previous_;
 };
 
+// While alive, checkpoints started on this thread check their
+// recomputation with `check`, whatever their options say: a debugging run
+// under DeterminismCheck::Values, the code unchanged.
+class DeterminismCheckGuard {
+ public:
+  explicit DeterminismCheckGuard(DeterminismCheck check);
+  ~DeterminismCheckGuard();
+  DeterminismCheckGuard(const DeterminismCheckGuard&) = delete;
+  DeterminismCheckGuard& operator=(const DeterminismCheckGuard&) = delete;
+
+ private:
+  std::optional<DeterminismCheck> previous_;
+};
+
 namespace detail {
 // The innermost guard's setting on this thread, if any.
 std::optional<bool> early_stop_override();
 std::optional<bool> debug_override();
+std::optional<DeterminismCheck> determinism_check_override();
 }  // namespace detail
 
 }  // namespace sac

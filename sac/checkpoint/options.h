@@ -8,6 +8,8 @@
 
 #include <memory>
 #include <optional>
+#include <string>
+#include <utility>
 
 namespace sac {
 
@@ -18,6 +20,17 @@ enum class DeterminismCheck {
   Default,
   // No check.
   None,
+  // Default, and each recomputed tensor that autograd saves must have the
+  // values it had in forward, bit for bit: a checksum of each, taken on its
+  // device as the forward saves it and compared as the recomputation saves
+  // it again. The first that differs is an error naming the op that made it,
+  // the op that saved it, and the region (name()): a write through
+  // data_ptr() behind autograd's back, an op that draws from its own state,
+  // a nondeterministic kernel, a router's top-k flipped by an ulp. Costs a
+  // pass over each saved tensor in forward and in recomputation (and a
+  // synchronization per tensor on an accelerator): on in tests, and for a
+  // debugging run.
+  Values,
 };
 
 // Setters return *this, so options read as one expression:
@@ -46,6 +59,12 @@ class CheckpointOptions {
   }
   CheckpointOptions& determinism_check(DeterminismCheck check) {
     determinism_check_ = check;
+    return *this;
+  }
+  // The region's name in sac's errors ("blocks.3"); apply_activation_checkpointing
+  // names each region it makes by its module's qualified name.
+  CheckpointOptions& name(std::string name) {
+    name_ = std::move(name);
     return *this;
   }
   // Log the ops of the forward and of each recomputation, and print both logs
@@ -99,6 +118,7 @@ class CheckpointOptions {
   const ContextFn& context_fn() const { return context_fn_; }
   bool preserve_rng_state() const { return preserve_rng_state_; }
   DeterminismCheck determinism_check() const { return determinism_check_; }
+  const std::string& name() const { return name_; }
   bool debug() const { return debug_; }
   bool debug_backtraces() const { return debug_backtraces_; }
   bool outside_tensor_check() const { return outside_tensor_check_; }
@@ -114,6 +134,7 @@ class CheckpointOptions {
   ContextFn context_fn_;
   bool preserve_rng_state_ = true;
   DeterminismCheck determinism_check_ = DeterminismCheck::Default;
+  std::string name_;
   bool debug_ = false;
   bool debug_backtraces_ = false;
   bool outside_tensor_check_ = true;

@@ -40,8 +40,10 @@ using ModulePredicate =
 
 // Wraps, in place, every submodule of `model` for which `predicate` holds
 // (nested ones too: a chosen module inside another chosen one is checkpointed
-// inside the outer checkpoint, as in PyTorch). Without options, the wrappers
-// use the innermost CheckpointScope's options at the time of each forward.
+// inside the outer checkpoint, as in PyTorch). Each wrapper's options name
+// its region by the module's qualified name (unless they name it already).
+// Without options, the wrappers use the innermost CheckpointScope's options
+// at the time of each forward.
 // Returns the number of modules wrapped. Throws c10::Error, changing nothing,
 // if a chosen module is not an entry of a torch::nn::Sequential.
 int64_t apply_activation_checkpointing(const std::shared_ptr<torch::nn::Module>& model,

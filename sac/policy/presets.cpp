@@ -6,6 +6,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -154,5 +155,69 @@ Policy never_recompute_collectives() {
                  "_c10d_functional::all_to_all_single", "_c10d_functional::broadcast"},
                 CheckpointPolicy::MustSave);
 }
+
+namespace {
+
+// MustSave for the listed ops, and for copies from an accelerator to the host
+// (aten::_to_copy whose input is on a device and whose output is on the CPU).
+class ShapeDecidingRule final : public Policy::Rule {
+ public:
+  ShapeDecidingRule()
+      : ops_(registered(shape_deciding_op_names())),
+        to_copy_(c10::Dispatcher::singleton().findSchemaOrThrow("aten::_to_copy", "")) {}
+  CheckpointPolicy decide(const SelectiveCheckpointContext& ctx, const c10::OperatorHandle& op,
+                          c10::ArrayRef<c10::IValue> args) const override {
+    if (op == to_copy_) {
+      return copies_to_host(ctx, args) ? CheckpointPolicy::MustSave
+                                       : CheckpointPolicy::PreferRecompute;
+    }
+    return std::find(ops_.begin(), ops_.end(), op) != ops_.end()
+               ? CheckpointPolicy::MustSave
+               : CheckpointPolicy::PreferRecompute;
+  }
+  OpDomain domain() const override {
+    std::vector<c10::OperatorHandle> ops = ops_;
+    ops.push_back(to_copy_);
+    return OpDomain::listed(std::move(ops));
+  }
+  std::string describe() const override { return "shape_deciding_ops"; }
+
+ private:
+  static bool copies_to_host(const SelectiveCheckpointContext& ctx,
+                             c10::ArrayRef<c10::IValue> args) {
+    if (args.empty() || !args[0].isTensor() || args[0].toTensor().device().is_cpu()) {
+      return false;
+    }
+    bool to_host = false;
+    for (const auto& output : ctx.op_output) {
+      dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
+        to_host = to_host || t.device().is_cpu();
+      });
+    }
+    return to_host;
+  }
+  std::vector<c10::OperatorHandle> ops_;
+  c10::OperatorHandle to_copy_;
+};
+
+}  // namespace
+
+const std::vector<std::string>& shape_deciding_op_names() {
+  static const std::vector<std::string> names = {
+      // Which elements: indices and orders.
+      "aten::topk", "aten::sort", "aten::sort.stable", "aten::argmax", "aten::argmin",
+      "aten::max.dim", "aten::min.dim", "aten::kthvalue", "aten::mode", "aten::median.dim",
+      "aten::nanmedian.dim", "aten::searchsorted.Tensor", "aten::bucketize.Tensor",
+      "aten::multinomial",
+      // How many: output sizes read from values.
+      "aten::nonzero", "aten::masked_select", "aten::_unique", "aten::_unique2",
+      "aten::unique_dim", "aten::unique_consecutive", "aten::unique_dim_consecutive",
+      "aten::repeat_interleave.Tensor", "aten::bincount",
+      // Which branch: values read on the host.
+      "aten::_local_scalar_dense", "aten::equal", "aten::any", "aten::all"};
+  return names;
+}
+
+Policy shape_deciding_ops() { return Policy(std::make_shared<ShapeDecidingRule>()); }
 
 }  // namespace sac

@@ -8,6 +8,8 @@
 #include <sac/policy/policy.h>
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace sac {
 
@@ -56,5 +58,23 @@ Policy outputs_larger_than(int64_t bytes);
 // collective again in backward: extra traffic, and a hang when the ranks'
 // backward passes do not line up. Combine: any_of({p, never_recompute_collectives()}).
 Policy never_recompute_collectives();
+
+// MustSave for the ops whose outputs decide shapes and control flow, so that
+// a recomputation can never route, count or branch differently from its
+// forward (a router's top-k flipped by one ulp, a nonzero count that
+// changes): the ops of shape_deciding_op_names(), and copies from an
+// accelerator to the host (aten::_to_copy to the CPU). A selector to
+// combine, whatever the other policy says:
+//   any_of({policy, shape_deciding_ops()})
+// Not inside the other presets: each of them is the policy of its source
+// (JAX, PyTorch, torchtitan) call for call, which sac's tests compare byte
+// for byte. The saved outputs are small (indices, counts, scalars).
+Policy shape_deciding_ops();
+
+// "aten::topk", "aten::sort", ..., "aten::nonzero", ..., "aten::_local_scalar_dense"
+// (item()), ... : indices and orders, output sizes read from values, values
+// read on the host. (aten::argsort and aten::is_nonzero decompose into sort
+// and _local_scalar_dense.)
+const std::vector<std::string>& shape_deciding_op_names();
 
 }  // namespace sac

@@ -386,6 +386,7 @@ struct Region {
   int names = 0;
   bool early_stop = true;
   bool no_determinism_check = false;
+  bool value_check = false;  // DeterminismCheck::Values
   bool debug = false;
   int arg_style = 0;  // 0: vector; 1: Tensor + vector; 2: optional<Tensor> + vector
   bool capture_leaves = false;
@@ -517,6 +518,7 @@ std::string Program::describe(const Region& r, int index) const {
     o << names[r.names];
   }
   o << (r.early_stop ? "" : " early_stop=false") << (r.no_determinism_check ? " determinism_check=None" : "")
+    << (r.value_check ? " determinism_check=Values" : "")
     << (r.debug ? " debug" : "") << " args=" << styles[r.arg_style]
     << (r.capture_leaves ? " leaves=captured" : " leaves=args") << " in(" << join_values(*this, r.ins)
     << ") out(" << join_values(*this, r.outs) << ")";
@@ -651,6 +653,7 @@ std::string features(const Program& p) {
   for (const auto& r : p.regions) {
     if (r.parent >= 0) f.insert("nested");
     if (!r.early_stop) f.insert("early_stop=false");
+    if (r.value_check) f.insert("value-check");
     if (r.offload) f.insert("offload");
     if (r.names != 0) f.insert("names");
     if (r.via_context_fn) f.insert("context_fn");
@@ -1359,6 +1362,7 @@ class Generator {
     }
     r.early_stop = !coin(0.25);
     r.no_determinism_check = coin(0.1);
+    r.value_check = !r.no_determinism_check && coin(0.3);
     r.debug = coin(0.05);
     r.arg_style = uniform(0, 2);
     r.capture_leaves = coin(0.5);
@@ -1680,6 +1684,7 @@ class Runner {
     }
     o.early_stop(R.early_stop);
     if (R.no_determinism_check) o.determinism_check(sac::DeterminismCheck::None);
+    if (R.value_check) o.determinism_check(sac::DeterminismCheck::Values);
     if (R.debug) o.debug(true);
     return o;
   }

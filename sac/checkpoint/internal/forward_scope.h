@@ -22,7 +22,8 @@ class ForwardScope {
   // The profiler scope `name` (a literal), the frame's saved-tensor hooks,
   // its forward context (a selective region's caching mode), the observer
   // that `observer` makes if any (made once the context is entered: it may
-  // ask for the active interceptor), and the op log in debug mode.
+  // ask for the active interceptor), the op log in debug mode, and the
+  // saved tensors' origins with the value check.
   ForwardScope(const char* name, std::shared_ptr<CheckpointFrame> frame,
                const FrameConfig& config, const std::function<dispatch::OpObserver*()>& observer)
       : profiler_(name), frame_(std::move(frame)) {
@@ -34,6 +35,9 @@ class ForwardScope {
     }
     if (config.debug) {
       log_.emplace(frame_->forward_log(), config.debug_backtraces);
+    }
+    if (config.value_check) {
+      origins_.emplace(frame_->origins());
     }
   }
   ForwardScope(const ForwardScope&) = delete;
@@ -48,6 +52,7 @@ class ForwardScope {
   std::optional<ContextScope> context_;
   std::optional<dispatch::ObserverGuard> observer_;
   std::optional<OpLogScope> log_;
+  std::optional<OriginScope> origins_;
 };
 
 }  // namespace sac::detail

@@ -19,6 +19,7 @@
 #include <sac/checkpoint/internal/debug_log.h>
 #include <sac/checkpoint/internal/device_state.h>
 #include <sac/checkpoint/internal/recomputation.h>
+#include <sac/checkpoint/internal/value_check.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -28,6 +29,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -36,6 +38,8 @@ namespace sac::detail {
 struct FrameConfig {
   bool early_stop = true;
   bool determinism_check = true;
+  bool value_check = false;  // DeterminismCheck::Values
+  std::string name;           // CheckpointOptions::name
   bool debug = false;
   bool debug_backtraces = false;
 };
@@ -63,9 +67,12 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
     }
   }
   OpLog& forward_log() { return forward_log_; }
+  // What made the tensors the forward saves, noted with the value check on.
+  OpOrigins& origins() { return origins_; }
   const FrameConfig& config() const { return config_; }
   void mark_forward_completed() {
     forward_completed_ = true;
+    note_written_outside_tensors();
     if (RegionEvents* events = region_events()) {
       events->forward_ended(this);
     }
@@ -99,6 +106,10 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
   void release();
   void recompute(int64_t graph_task);
   void check_recomputed_tensors_match(int64_t graph_task);
+  // The value check: the recomputation saved `value` as the `index`th tensor.
+  void check_value(size_t index, const at::Tensor& value) const;
+  // "region `name`", or how to name it.
+  std::string region_name() const;
   [[noreturn]] void rethrow_with_logs(const c10::Error& error) const;
 
   FrameConfig config_;
@@ -107,6 +118,26 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
   ForwardState forward_state_;
   std::vector<std::weak_ptr<Holder>> holders_;
   std::vector<TensorMetadata> metadata_;  // one per holder, with the check on
+  struct SavedValue {
+    ValueChecksum checksum;
+    std::string origin;  // OpOrigins::describe
+    // The region itself wrote it after saving it (a BatchNorm's running
+    // statistics, saved before the op updates them, through a schema that
+    // does not say so): the recomputation saves other values, rightly.
+    bool written_by_region = false;
+    // The outside tensor, until the forward ends (weak: the region's graph,
+    // which owns the frame, may hang from it).
+    std::optional<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> saved;
+    // Its version when saved. A recomputation that saves it at another
+    // version saw a change the version counters see: the outside-tensor
+    // check and autograd judge those; the value check is for the changes
+    // they cannot see.
+    uint32_t version = 0;
+  };
+  // At the forward's end: which outside tensors the region wrote.
+  void note_written_outside_tensors();
+  std::vector<SavedValue> values_;  // one per holder, with the value check on
+  OpOrigins origins_;
   std::unordered_map<int64_t, PassState> passes_;
   bool forward_entered_ = false;
   bool forward_completed_ = false;

@@ -1,0 +1,308 @@
+// DeterminismCheck::Values: a recomputation that reads different values than
+// its forward is an error that names the op, not silently wrong gradients.
+// The CPU is deterministic, so each test injects the difference: a write
+// through data_ptr() behind autograd's back between forward and backward, a
+// custom op that draws from its own state, and a router whose scores move by
+// 2e-4 in recomputation, as a nondeterministic kernel's might, so that its
+// top-k flips. Each first runs under the default check (shapes, dtypes and
+// devices), which passes, with wrong gradients: what the value check is for.
+// Under sac::checkpoint, the region guard (fallback key) and the nn wrappers.
+#include "tests/support.h"
+
+#include <sac/checkpoint/internal/value_check.h>
+#include <sac/dispatch/internal/interceptor.h>
+#include <sac/sac.h>
+
+#include <gtest/gtest.h>
+#include <torch/library.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace {
+
+using sac::DeterminismCheck;
+using sac_test::error_of;
+
+// A scale that grows with every call: an op with state of its own.
+std::atomic<int> drift_calls{0};
+at::Tensor drift(const at::Tensor& x) {
+  return at::full_like(x, 1.0 + 0.25 * drift_calls++);
+}
+
+// The router's scores as given on the first call; on later calls column 1
+// raised by 2e-4.
+std::atomic<int> jitter_calls{0};
+at::Tensor jitter(const at::Tensor& x) {
+  at::Tensor y = x.clone();
+  if (jitter_calls++ > 0) {
+    y.select(1, 1).add_(2e-4);
+  }
+  return y;
+}
+
+TORCH_LIBRARY(sac_values_test, m) {
+  m.def("drift(Tensor x) -> Tensor");
+  m.def("jitter(Tensor x) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(sac_values_test, CPU, m) {
+  m.impl("drift", drift);
+  m.impl("jitter", jitter);
+}
+
+at::Tensor call(const char* op, const at::Tensor& x) {
+  return c10::Dispatcher::singleton()
+      .findSchemaOrThrow(op, "")
+      .typed<at::Tensor(const at::Tensor&)>()
+      .call(x);
+}
+
+using Program = std::function<at::Tensor(const at::Tensor&)>;
+
+// A module that runs a program: what the wrappers wrap.
+struct ProgramModuleImpl : torch::nn::Module {
+  explicit ProgramModuleImpl(Program program) : program(std::move(program)) {}
+  at::Tensor forward(const at::Tensor& x) { return program(x); }
+  Program program;
+};
+TORCH_MODULE(ProgramModule);
+
+enum class Entry { Function, Region, Wrapper, Applied };
+
+std::string name_of(Entry entry) {
+  switch (entry) {
+    case Entry::Function: return "sac::checkpoint";
+    case Entry::Region: return "sac::CheckpointRegion";
+    case Entry::Wrapper: return "sac::checkpoint_wrapper";
+    case Entry::Applied: return "sac::apply_activation_checkpointing";
+  }
+  return "?";
+}
+
+// The entry points this mechanism runs (the region guard needs the
+// fallback key).
+std::vector<Entry> entries() {
+  sac_test::expect_configured_mechanism();
+  std::vector<Entry> out{Entry::Function, Entry::Wrapper, Entry::Applied};
+  if (sac::dispatch::observers_see_every_op()) {
+    out.push_back(Entry::Region);
+  }
+  return out;
+}
+
+// A run: the gradients of sum(program(x)) with respect to `wrt`, or the
+// error of its backward. `between` runs after the forward.
+struct Outcome {
+  std::vector<at::Tensor> grads;
+  std::string error;
+};
+
+class TwoRuns {
+ public:
+  TwoRuns(Program program, std::vector<at::Tensor> wrt) : program_(std::move(program)), wrt_(std::move(wrt)) {}
+
+  // Without checkpointing.
+  std::vector<at::Tensor> plain(const at::Tensor& x) const {
+    reset();
+    return torch::autograd::grad({program_(x).sum()}, wrt_);
+  }
+
+  Outcome checkpointed(Entry entry, const sac::CheckpointOptions& options, const at::Tensor& x,
+                       const std::function<void()>& between = [] {}) const {
+    reset();
+    const at::Tensor y = forward(entry, options, x);
+    between();
+    try {
+      return {torch::autograd::grad({y.sum()}, wrt_), ""};
+    } catch (const c10::Error& e) {
+      return {{}, e.what_without_backtrace()};
+    }
+  }
+
+ private:
+  static void reset() {
+    drift_calls = 0;
+    jitter_calls = 0;
+  }
+
+  at::Tensor forward(Entry entry, const sac::CheckpointOptions& options,
+                     const at::Tensor& x) const {
+    switch (entry) {
+      case Entry::Function:
+        return sac::checkpoint(options, program_, x);
+      case Entry::Region: {
+        sac::CheckpointRegion region(options);
+        return program_(x);
+      }
+      case Entry::Wrapper:
+        return sac::checkpoint_wrapper(ProgramModule(program_), options)->forward(x);
+      case Entry::Applied: {
+        torch::nn::Sequential model{torch::nn::Identity(), ProgramModule(program_)};
+        EXPECT_EQ(sac::apply_activation_checkpointing(
+                      model.ptr(),
+                      [](const std::string& name, const torch::nn::Module&) { return name == "1"; },
+                      options),
+                  1);
+        return model->forward(x);
+      }
+    }
+    return {};
+  }
+
+  Program program_;
+  std::vector<at::Tensor> wrt_;
+};
+
+bool differs(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+  if (a.size() != b.size()) {
+    return true;
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!torch::equal(a[i], b[i])) {
+      return true;
+    }
+  }
+  return false;
+}
+
+sac::CheckpointOptions with_check(DeterminismCheck check) {
+  return sac::CheckpointOptions().determinism_check(check);
+}
+
+void expect_contains(const std::string& message, const std::string& part) {
+  EXPECT_NE(message.find(part), std::string::npos) << "expected \"" << part << "\" in:\n"
+                                                   << message;
+}
+
+class ValueCheck : public ::testing::TestWithParam<bool> {
+ protected:
+  // The parameter: checksums by tensor ops, the accelerators' path, on the
+  // CPU (the seam).
+  void SetUp() override { sac::detail::checksum_with_tensor_ops_for_testing(GetParam()); }
+  void TearDown() override { sac::detail::checksum_with_tensor_ops_for_testing(false); }
+};
+
+TEST_P(ValueCheck, AWriteThroughDataPtrBehindAutogradIsNamed) {
+  torch::manual_seed(0);
+  const at::Tensor w = torch::randn({16, 16}, torch::requires_grad());
+  const at::Tensor scale = torch::rand({16}) + 0.5;  // a buffer
+  const at::Tensor x = torch::randn({8, 16}, torch::requires_grad());
+  const TwoRuns run([&](const at::Tensor& in) { return in.mm(w).tanh() * scale; }, {x, w});
+  const auto expected = run.plain(x);
+  // Behind autograd's back: the version counter does not move.
+  auto write = [&] { scale.data_ptr<float>()[3] += 1.0f; };
+  auto undo = [&] { scale.data_ptr<float>()[3] -= 1.0f; };
+  for (const Entry entry : entries()) {
+    SCOPED_TRACE(name_of(entry));
+    const Outcome unchecked = run.checkpointed(entry, with_check(DeterminismCheck::Default), x, write);
+    undo();
+    EXPECT_TRUE(unchecked.error.empty()) << unchecked.error;
+    EXPECT_TRUE(differs(expected, unchecked.grads)) << "silently wrong without the value check";
+
+    const Outcome checked = run.checkpointed(entry, with_check(DeterminismCheck::Values), x, write);
+    undo();
+    expect_contains(checked.error, "gave a different value than its forward to tensor 3 of the 4");
+    expect_contains(checked.error, "not made in the region (an input, a parameter, a buffer");
+    expect_contains(checked.error, "saved for backward by aten::mul");
+    expect_contains(checked.error, "Its values differ (checksum");
+    // Nothing left behind: the same region with the buffer untouched is exact.
+    const Outcome after = run.checkpointed(entry, with_check(DeterminismCheck::Values), x);
+    EXPECT_TRUE(after.error.empty()) << after.error;
+    sac_test::expect_bit_identical(expected, after.grads);
+  }
+}
+
+TEST_P(ValueCheck, AnOpThatDrawsFromItsOwnStateIsNamed) {
+  torch::manual_seed(0);
+  const at::Tensor w = torch::randn({16, 16}, torch::requires_grad());
+  const at::Tensor x = torch::randn({8, 16}, torch::requires_grad());
+  const TwoRuns run([&](const at::Tensor& in) {
+    return in.mm(w) * call("sac_values_test::drift", in.detach());
+  }, {x, w});
+  const auto expected = run.plain(x);
+  for (const Entry entry : entries()) {
+    SCOPED_TRACE(name_of(entry));
+    const Outcome unchecked = run.checkpointed(entry, with_check(DeterminismCheck::Default), x);
+    EXPECT_TRUE(unchecked.error.empty()) << unchecked.error;
+    EXPECT_TRUE(differs(expected, unchecked.grads)) << "silently wrong without the value check";
+
+    const Outcome checked = run.checkpointed(entry, with_check(DeterminismCheck::Values), x);
+    expect_contains(checked.error, "made by sac_values_test::drift (its call 0 in the region), "
+                                   "saved for backward by aten::mul");
+    expect_contains(checked.error,
+                    entry == Entry::Applied ? "region `1`" : "a region with no name");
+  }
+}
+
+// A router: top-1 of scores from a tie broken by 1e-4, which the
+// recomputation's 2e-4 flips: every token goes to the other expert. Same
+// shapes, so the default check passes with wrong expert gradients; the
+// value check names the top-k; keeping the ops that decide shapes and
+// control flow (shape_deciding_ops) makes it exact.
+TEST_P(ValueCheck, ARouterWhoseTopKFlipsIsNamedAndKeepingItIsExact) {
+  torch::manual_seed(0);
+  const at::Tensor router = torch::randn({16, 1}).repeat({1, 4});  // experts 0 and 1 tie
+  const at::Tensor bias = torch::tensor({1e-4f, 0.0f, -100.0f, -100.0f});
+  const at::Tensor experts = torch::randn({4, 16}, torch::requires_grad());
+  const at::Tensor x = torch::randn({8, 16}, torch::requires_grad());
+  const TwoRuns run([&](const at::Tensor& in) {
+    const at::Tensor scores = call("sac_values_test::jitter", in.detach().mm(router) + bias);
+    const at::Tensor chosen = std::get<1>(scores.topk(1)).squeeze(1);
+    return in * experts.index_select(0, chosen);
+  }, {x, experts});
+  const auto expected = run.plain(x);
+  const sac::Policy keep_routes = sac::any_of({sac::nothing_saveable(), sac::shape_deciding_ops()});
+  for (const Entry entry : entries()) {
+    SCOPED_TRACE(name_of(entry));
+    const Outcome unchecked = run.checkpointed(entry, with_check(DeterminismCheck::Default), x);
+    EXPECT_TRUE(unchecked.error.empty()) << unchecked.error;
+    EXPECT_TRUE(differs(expected, unchecked.grads)) << "silently wrong without the value check";
+
+    const Outcome checked = run.checkpointed(entry, with_check(DeterminismCheck::Values), x);
+    expect_contains(checked.error, "made by aten::topk (its call 0 in the region), saved for "
+                                   "backward by aten::index_select");
+
+    const Outcome kept = run.checkpointed(
+        entry, with_check(DeterminismCheck::Values).policy(keep_routes), x);
+    EXPECT_TRUE(kept.error.empty()) << kept.error;
+    sac_test::expect_bit_identical(expected, kept.grads);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Checksums, ValueCheck, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "TensorOps" : "Memory"; });
+
+// The checksum itself: equal bits give equal sums, in either path and for
+// any layout; one ulp or one swapped pair changes it.
+TEST(ValueChecksum, IsBitForBit) {
+  using sac::detail::ValueChecksum;
+  for (const bool ops : {false, true}) {
+    SCOPED_TRACE(ops ? "tensor ops" : "memory");
+    sac::detail::checksum_with_tensor_ops_for_testing(ops);
+    torch::manual_seed(0);
+    const at::Tensor a = torch::randn({33, 17});
+    const ValueChecksum sum = ValueChecksum::of(a);
+    EXPECT_TRUE(sum.matches(ValueChecksum::of(a.clone())));
+    EXPECT_TRUE(ValueChecksum::of(a.t()).matches(ValueChecksum::of(a.t().contiguous())));
+    EXPECT_TRUE(ValueChecksum::of(a.slice(1, 0, 17, 2))
+                    .matches(ValueChecksum::of(a.slice(1, 0, 17, 2).contiguous())));
+    at::Tensor ulp = a.clone();
+    ulp[5][7] = std::nextafter(ulp[5][7].item<float>(), 1e9f);
+    EXPECT_FALSE(sum.matches(ValueChecksum::of(ulp)));
+    at::Tensor swapped = a.clone();
+    swapped[0][0] = a[0][1];
+    swapped[0][1] = a[0][0];
+    EXPECT_FALSE(sum.matches(ValueChecksum::of(swapped)));
+    for (const auto dtype : {at::kBool, at::kByte, at::kHalf, at::kLong, at::kComplexFloat}) {
+      const at::Tensor t = torch::randn({3, 5}).to(dtype);
+      EXPECT_TRUE(ValueChecksum::of(t).matches(ValueChecksum::of(t.clone()))) << dtype;
+    }
+    EXPECT_NE(sum.str(), ValueChecksum::of(ulp).str());
+  }
+  sac::detail::checksum_with_tensor_ops_for_testing(false);
+}
+
+}  // namespace
