@@ -60,7 +60,8 @@ const std::vector<std::string> kAllModes = {
 }  // namespace
 
 ABSL_FLAG(std::vector<std::string>, modes, kAllModes,
-          "comma-separated modes; `none`, the reference, always runs");
+          "comma-separated modes (MODE+values: under the value check); `none`, the "
+          "reference, always runs");
 ABSL_FLAG(int64_t, runs, 10, "timed steps per mode (after one untimed warm-up step)");
 ABSL_FLAG(int64_t, threads, 1, "intra-op threads (at::set_num_threads)");
 ABSL_FLAG(double, dropout, 0.1, "dropout probability");
@@ -92,6 +93,16 @@ struct Mode {
 };
 
 Mode mode_named(const std::string& name) {
+  // MODE+values: MODE under DeterminismCheck::Values (the value check).
+  const std::string suffix = "+values";
+  if (name.size() > suffix.size() &&
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    Mode mode = mode_named(name.substr(0, name.size() - suffix.size()));
+    TORCH_CHECK(mode.options.has_value(), "gpt_step: ", name, ": `none` checkpoints nothing to check");
+    mode.name = name;
+    mode.options->determinism_check(sac::DeterminismCheck::Values);
+    return mode;
+  }
   if (name == "none") return {name, std::nullopt, nullptr};
   if (name == "full") return {name, sac::CheckpointOptions(), nullptr};
   std::optional<sac::Policy> policy;

@@ -15,6 +15,8 @@
 
 #include "benchmarks/floor.h"
 
+#include <sac/checkpoint/internal/value_check.h>
+
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>
 
@@ -144,6 +146,25 @@ SAC_BENCHMARK(Callback);
 // takes 0.2 ms against its untimed 25 ms forward, so it gets a fixed count.
 BENCHMARK(CachedReplay)->Arg(0)->ComputeStatistics("min", minimum);
 BENCHMARK(CachedReplay)->Arg(1)->Iterations(20)->ComputeStatistics("min", minimum);
+
+// The value check's cost per saved tensor (DeterminismCheck::Values): one
+// checksum in the forward and one in the recomputation, of float tensors
+// of 2^Arg bytes, by reading memory (the CPU's path) and by tensor ops (an
+// accelerator's path, run here on the CPU).
+void ValueChecksum(benchmark::State& state) {
+  const bool ops = state.range(1) != 0;
+  sac::detail::checksum_with_tensor_ops_for_testing(ops);
+  const at::Tensor t = torch::randn({int64_t{1} << (state.range(0) - 2)});
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(sac::detail::ValueChecksum::of(t));
+  }
+  sac::detail::checksum_with_tensor_ops_for_testing(false);
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(t.nbytes()));
+  state.SetLabel(ops ? "tensor ops" : "memory");
+}
+BENCHMARK(ValueChecksum)
+    ->ArgsProduct({{10, 16, 20, 24}, {0, 1}})
+    ->ComputeStatistics("min", minimum);
 
 }  // namespace
 

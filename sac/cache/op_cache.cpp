@@ -53,26 +53,18 @@ c10::IValue map_tensors(const c10::IValue& value, F&& f) {
 }
 
 // The defined tensors among `outputs`, in slot order.
-std::vector<at::Tensor> tensors_of(c10::ArrayRef<c10::IValue> outputs) {
-  std::vector<at::Tensor> tensors;
-  for (const auto& output : outputs) {
-    for_each_tensor(output, [&](const at::Tensor& t) { tensors.push_back(t); });
-  }
-  return tensors;
-}
-
 }  // namespace
 
-OpCache::Call OpCache::shape_of(c10::ArrayRef<c10::IValue> outputs) {
+OpCache::Call OpCache::shape_of(c10::ArrayRef<c10::IValue> outputs, Tensors& tensors) {
   // The structure stays in `outputs`, with each tensor replaced by a
   // placeholder; the defined tensors get the slots.
   Call call;
-  call.outputs.reserve(outputs.size());
   for (const auto& output : outputs) {
     call.outputs.push_back(map_tensors(output, [&](const at::Tensor& t) {
       call.defined.push_back(t.defined());
       if (t.defined()) {
         call.slots.emplace_back(t);
+        tensors.push_back(t);
       }
       return at::Tensor();
     }));
@@ -88,8 +80,9 @@ void OpCache::append_recompute(const c10::OperatorHandle& op,
     calls.emplace_back();
     return;
   }
-  Call call = shape_of(outputs);
-  std::vector<at::Tensor> tensors = tensors_of(outputs);
+  Tensors defined;
+  Call call = shape_of(outputs, defined);
+  std::vector<at::Tensor> tensors(defined.begin(), defined.end());
   for (size_t i = 0; i < tensors.size(); ++i) {
     call.slots[i].returned.emplace(tensors[i].getIntrusivePtr());
   }
@@ -108,7 +101,7 @@ size_t OpCache::recorded_calls(const c10::OperatorHandle& op) const {
   return it == calls_.end() ? 0 : it->second.size();
 }
 
-void OpCache::keep(Call& call, const std::vector<at::Tensor>& tensors,
+void OpCache::keep(Call& call, c10::ArrayRef<at::Tensor> tensors,
                    std::shared_ptr<CopyTarget> offload_to) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     call.slots[i].hold(tensors[i], storages_);
@@ -130,8 +123,8 @@ void OpCache::append_saved(const c10::OperatorHandle& op,
                            std::optional<GeneratorSnapshot> generator,
                            std::shared_ptr<CopyTarget> offload_to) {
   auto& calls = calls_[op];
-  Call call = shape_of(outputs);
-  const std::vector<at::Tensor> tensors = tensors_of(outputs);
+  Tensors tensors;
+  Call call = shape_of(outputs, tensors);
   keep(call, tensors, std::move(offload_to));
   call.generator = std::move(generator);
   if (track_producers_) {
@@ -339,8 +332,9 @@ std::vector<c10::IValue> OpCache::outputs_of(Call& call, bool consume) {
   outputs.reserve(call.outputs.size());
   for (const auto& output : call.outputs) {
     outputs.push_back(map_tensors(output, [&](const at::Tensor&) {
-      return call.defined.at(position++)
-                 ? call.slots.at(slot++).tensor(consume, call.target.get())
+      TORCH_INTERNAL_ASSERT(position < call.defined.size());
+      return call.defined[position++]
+                 ? call.slots[slot++].tensor(consume, call.target.get())
                  : at::Tensor();
     }));
   }

@@ -162,7 +162,7 @@ std::shared_ptr<Holder> CheckpointFrame::add_holder(const at::Tensor& packed) {
     SavedValue saved{ValueChecksum::of(packed), origins_.describe(packed)};
     saved.version = version_of(packed);
     if (!origins_.made_in_region(packed)) {
-      saved.saved.emplace(packed.getIntrusivePtr());  // compared again at the forward's end
+      saved.outside.emplace(packed.getIntrusivePtr());  // compared again at the forward's end
     }
     values_.push_back(std::move(saved));
   }
@@ -313,12 +313,12 @@ void CheckpointFrame::check_recomputed_tensors_match(int64_t graph_task) {
 
 void CheckpointFrame::note_written_outside_tensors() {
   for (SavedValue& value : values_) {
-    if (value.saved.has_value()) {
-      if (auto alive = value.saved->lock()) {
+    if (value.outside.has_value()) {
+      if (auto alive = value.outside->lock()) {
         value.written_by_region =
             !ValueChecksum::of(at::Tensor(std::move(alive))).matches(value.checksum);
       }
-      value.saved.reset();
+      value.outside.reset();
     }
   }
 }

@@ -15,6 +15,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/operator_name.h>
 #include <c10/core/StorageImpl.h>
+#include <c10/util/SmallVector.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <cstddef>
@@ -64,7 +65,7 @@ class CachedStorages {
     size_t slots = 0;   // slots on it
     size_t held = 0;    // of which keep it on the device
     size_t nbytes = 0;  // its size when first held
-    std::vector<VersionWatch> watches;  // one per counter known on it
+    c10::SmallVector<VersionWatch, 1> watches;  // one per counter known on it (inline: usually one)
     std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> pin;
     std::optional<c10::OperatorName> writer;
   };

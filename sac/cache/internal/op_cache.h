@@ -215,9 +215,10 @@ class OpCache {
     // The op's outputs with their structure, each tensor replaced by an
     // undefined placeholder; per placeholder, whether it stands for a
     // defined tensor, which is then in the next slot.
-    std::vector<c10::IValue> outputs;
-    std::vector<bool> defined;
-    std::vector<Slot> slots;
+    // Inline for the usual single output: no allocation per call.
+    c10::SmallVector<c10::IValue, 1> outputs;
+    c10::SmallVector<bool, 2> defined;
+    c10::SmallVector<Slot, 1> slots;
     std::optional<GeneratorSnapshot> generator;
     std::shared_ptr<CopyTarget> target;  // of the offloaded slots
   };
@@ -225,11 +226,12 @@ class OpCache {
   // The call, or null for one past the end of a forward still recording.
   const Call* find(const c10::OperatorHandle& op, size_t call) const;
   // A call recording the structure of `outputs`, with a slot per defined
-  // tensor (not kept yet).
-  static Call shape_of(c10::ArrayRef<c10::IValue> outputs);
+  // tensor (not kept yet); the defined tensors in order, in `tensors`.
+  using Tensors = c10::SmallVector<at::Tensor, 2>;
+  static Call shape_of(c10::ArrayRef<c10::IValue> outputs, Tensors& tensors);
   // Keeps `call`'s slots (`tensors`, one per slot) and offloads those
   // `offload_to` accepts: the call is saved from now on.
-  void keep(Call& call, const std::vector<at::Tensor>& tensors,
+  void keep(Call& call, c10::ArrayRef<at::Tensor> tensors,
             std::shared_ptr<CopyTarget> offload_to);
   // Forgets what only late decisions needed.
   void stop_tracking();

@@ -127,7 +127,7 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
     bool written_by_region = false;
     // The outside tensor, until the forward ends (weak: the region's graph,
     // which owns the frame, may hang from it).
-    std::optional<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> saved;
+    std::optional<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> outside;
     // Its version when saved. A recomputation that saves it at another
     // version saw a change the version counters see: the outside-tensor
     // check and autograd judge those; the value check is for the changes
