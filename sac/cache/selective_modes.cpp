@@ -8,6 +8,7 @@
 
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
 
 #include <mutex>
 #include <unordered_set>
@@ -155,7 +156,7 @@ void CachingMode::intercept(const c10::OperatorHandle& op,
   // a saved output's storage (aten::_unsafe_view), to be watched: they
   // outlive the call.
   const auto args = arguments_on(op, *stack);
-  const std::vector<c10::IValue> inputs(args.begin(), args.end());
+  const c10::SmallVector<c10::IValue, 4> inputs(args.begin(), args.end());
   const bool random = policy::is_random(op);
   std::optional<at::Generator> generator =
       random ? explicit_generator(inputs) : std::nullopt;
