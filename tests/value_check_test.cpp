@@ -18,7 +18,9 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <algorithm>
 #include <functional>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -156,16 +158,17 @@ class TwoRuns {
   std::vector<at::Tensor> wrt_;
 };
 
+// Whether the gradients differ; prints by how much (the silent error).
 bool differs(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
   if (a.size() != b.size()) {
     return true;
   }
+  double most = 0;
   for (size_t i = 0; i < a.size(); ++i) {
-    if (!torch::equal(a[i], b[i])) {
-      return true;
-    }
+    most = std::max(most, (a[i] - b[i]).abs().max().item<double>());
   }
-  return false;
+  std::cout << "  without the value check: no error, gradients off by up to " << most << "\n";
+  return most > 0;
 }
 
 sac::CheckpointOptions with_check(DeterminismCheck check) {

@@ -182,6 +182,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("offload_dot_with_no_batch_dims", &offload_dot_with_no_batch_dims);
   m.def("outputs_larger_than", &outputs_larger_than, py::arg("bytes"));
   m.def("never_recompute_collectives", &never_recompute_collectives);
+  m.def("shape_deciding_ops", &shape_deciding_ops);
+  m.def("shape_deciding_op_names", &shape_deciding_op_names);
 
   // Combinators (sac/policy/combinators.h).
   m.def("any_of", &any_of, py::arg("policies"));

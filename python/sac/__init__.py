@@ -57,6 +57,8 @@ from ._C import (  # noqa: E402,F401
     save_and_offload_only_these_names,
     save_any_names_but_these,
     save_only_these_names,
+    shape_deciding_op_names,
+    shape_deciding_ops,
     tag,
     torchtitan_default,
 )
