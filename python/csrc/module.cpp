@@ -126,12 +126,22 @@ PYBIND11_MODULE(_C, m) {
   py::class_<sac::python::Region>(m, "Region", "sac::CheckpointRegion, as a context manager.")
       .def(py::init([](std::optional<Policy> policy, bool preserve_rng_state, bool debug,
                        bool allow_cache_entry_mutation,
-                       std::shared_ptr<RegionStatistics> statistics) {
+                       std::shared_ptr<RegionStatistics> statistics,
+                       const std::string& determinism_check, const std::string& name) {
              CheckpointOptions options;
              if (policy) {
                options.policy(*policy);
              }
-             options.preserve_rng_state(preserve_rng_state).debug(debug);
+             TORCH_CHECK(determinism_check == "default" || determinism_check == "none" ||
+                             determinism_check == "values",
+                         "sac.region: determinism_check must be \"default\", \"none\" or "
+                         "\"values\", not \"", determinism_check, "\".");
+             options.preserve_rng_state(preserve_rng_state)
+                 .debug(debug)
+                 .determinism_check(determinism_check == "values" ? DeterminismCheck::Values
+                                    : determinism_check == "none" ? DeterminismCheck::None
+                                                                  : DeterminismCheck::Default)
+                 .name(name);
              // Both are errors without a policy, so they are set only when asked for.
              if (allow_cache_entry_mutation) {
                options.allow_cache_entry_mutation(true);
@@ -142,7 +152,8 @@ PYBIND11_MODULE(_C, m) {
              return std::make_unique<sac::python::Region>(std::move(options));
            }),
            py::arg("policy"), py::arg("preserve_rng_state"), py::arg("debug"),
-           py::arg("allow_cache_entry_mutation"), py::arg("statistics"))
+           py::arg("allow_cache_entry_mutation"), py::arg("statistics"),
+           py::arg("determinism_check"), py::arg("name"))
       .def("__enter__", [](sac::python::Region& region) -> sac::python::Region& {
              HANDLE_TH_ERRORS
              region.enter();

@@ -172,7 +172,8 @@ class _AsPyTorchPolicy:
 
 
 def region(policy=None, *, preserve_rng_state=True, debug=False,
-           allow_cache_entry_mutation=False, statistics=None):
+           allow_cache_entry_mutation=False, statistics=None, determinism_check="default",
+           name=""):
     """sac::CheckpointRegion for Python code: what runs inside
 
         with sac.region(policy=[torch.ops.aten.mm.default]):
@@ -185,7 +186,9 @@ def region(policy=None, *, preserve_rng_state=True, debug=False,
     mechanism (SAC_DISPATCH=fallback); under per-op kernels entering it is an
     error. Without a policy everything is recomputed. One `with` per
     sac.region(...) value. A selective region counts into `statistics` (a
-    sac.Statistics) if given."""
+    sac.Statistics) if given. determinism_check="values" compares what the
+    replay saves with what the forward saved, value by value, and names the
+    first that differs, the op that made it and the region (`name`)."""
     if not mechanism().startswith("fallback"):
         raise RuntimeError(
             f"sac.region records every op of the region below autograd, views and in-place "
@@ -194,7 +197,8 @@ def region(policy=None, *, preserve_rng_state=True, debug=False,
             f"a function with torch.utils.checkpoint.checkpoint(fn, ..., use_reentrant=False, "
             f"context_fn=sac.context_fn(policy)), which works with either mechanism.")
     return _C.Region(None if policy is None else as_policy(policy),
-                     preserve_rng_state, debug, allow_cache_entry_mutation, statistics)
+                     preserve_rng_state, debug, allow_cache_entry_mutation, statistics,
+                     determinism_check, name)
 
 
 def profile(region, runs=3):

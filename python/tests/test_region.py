@@ -130,6 +130,36 @@ def test_an_outside_tensor_modified_before_backward_is_an_error():
 
 
 @needs_fallback
+def test_the_value_check_names_a_write_behind_autograds_back():
+    """`.data` writes without moving the version counter: the default check
+    passes with wrong gradients; determinism_check="values" names it."""
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, requires_grad=True)
+    scale = torch.rand(16) + 0.5
+
+    def run(**options):
+        x = torch.randn(8, 16, requires_grad=True, generator=torch.Generator().manual_seed(1))
+        with sac.region(**options):
+            y = (x @ w).tanh() * scale
+        if options:
+            scale.data[3] += 1.0  # behind autograd's back
+        try:
+            return torch.autograd.grad(y.sum(), [x, w])
+        finally:
+            if options:
+                scale.data[3] -= 1.0
+
+    expected = run()
+    unchecked = run(determinism_check="default")
+    assert not torch.equal(unchecked[0], expected[0])
+    with pytest.raises(RuntimeError, match=r"recomputation of region `blk` gave a different "
+                       r"value than its forward to tensor 3 of the 4 .*: not made in the region"):
+        run(determinism_check="values", name="blk")
+    with pytest.raises(RuntimeError, match='must be "default", "none" or "values"'):
+        sac.region(determinism_check="bits")
+
+
+@needs_fallback
 def test_a_region_value_is_entered_once():
     region = sac.region()
     with region:

@@ -15,12 +15,11 @@
 // notes for every op (RecordFunction callbacks: all ops, under either
 // dispatch mechanism) which storage its outputs hold, and which op is
 // running; a saved tensor is then described as "made by aten::topk (its
-// call 0 in the region), saved by aten::index_select".
+// call 0 in the region), saved for backward by aten::index_select".
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
-
 #include <ATen/core/operator_name.h>
 
 #include <cstdint>
@@ -52,9 +51,9 @@ void checksum_with_tensor_ops_for_testing(bool on);
 // What made the tensors a region's forward saves.
 class OpOrigins {
  public:
-  // "made by aten::topk (its call 0 in the region), saved by
+  // "made by aten::topk (its call 0 in the region), saved for backward by
   // aten::index_select", or, for a tensor no op of the region wrote, "not
-  // made in the region (an input, a parameter or a buffer)".
+  // made in the region (an input, a parameter, a buffer or a constant)".
   std::string describe(const at::Tensor& saved) const;
   // Whether an op of the region wrote `t`'s storage.
   bool made_in_region(const at::Tensor& t) const;
