@@ -95,16 +95,19 @@ std::vector<Entry> entries() {
   return out;
 }
 
-// A run: the gradients of sum(program(x)) with respect to `wrt`, or the
-// error of its backward. `between` runs after the forward.
+// What a checkpointed run gave: the gradients, or the error of its backward.
 struct Outcome {
   std::vector<at::Tensor> grads;
   std::string error;
 };
 
-class TwoRuns {
+// A program run plain or checkpointed, each time from the custom ops' first
+// call: the gradients of sum(program(x)) with respect to `wrt`. `between`
+// runs after the checkpointed forward.
+class ProgramRuns {
  public:
-  TwoRuns(Program program, std::vector<at::Tensor> wrt) : program_(std::move(program)), wrt_(std::move(wrt)) {}
+  ProgramRuns(Program program, std::vector<at::Tensor> wrt)
+      : program_(std::move(program)), wrt_(std::move(wrt)) {}
 
   // Without checkpointing.
   std::vector<at::Tensor> plain(const at::Tensor& x) const {
@@ -193,7 +196,7 @@ TEST_P(ValueCheck, AWriteThroughDataPtrBehindAutogradIsNamed) {
   const at::Tensor w = torch::randn({16, 16}, torch::requires_grad());
   const at::Tensor scale = torch::rand({16}) + 0.5;  // a buffer
   const at::Tensor x = torch::randn({8, 16}, torch::requires_grad());
-  const TwoRuns run([&](const at::Tensor& in) { return in.mm(w).tanh() * scale; }, {x, w});
+  const ProgramRuns run([&](const at::Tensor& in) { return in.mm(w).tanh() * scale; }, {x, w});
   const auto expected = run.plain(x);
   // Behind autograd's back: the version counter does not move.
   auto write = [&] { scale.data_ptr<float>()[3] += 1.0f; };
@@ -222,7 +225,7 @@ TEST_P(ValueCheck, AnOpThatDrawsFromItsOwnStateIsNamed) {
   torch::manual_seed(0);
   const at::Tensor w = torch::randn({16, 16}, torch::requires_grad());
   const at::Tensor x = torch::randn({8, 16}, torch::requires_grad());
-  const TwoRuns run([&](const at::Tensor& in) {
+  const ProgramRuns run([&](const at::Tensor& in) {
     return in.mm(w) * call("sac_values_test::drift", in.detach());
   }, {x, w});
   const auto expected = run.plain(x);
@@ -251,7 +254,7 @@ TEST_P(ValueCheck, ARouterWhoseTopKFlipsIsNamedAndKeepingItIsExact) {
   const at::Tensor bias = torch::tensor({1e-4f, 0.0f, -100.0f, -100.0f});
   const at::Tensor experts = torch::randn({4, 16}, torch::requires_grad());
   const at::Tensor x = torch::randn({8, 16}, torch::requires_grad());
-  const TwoRuns run([&](const at::Tensor& in) {
+  const ProgramRuns run([&](const at::Tensor& in) {
     const at::Tensor scores = call("sac_values_test::jitter", in.detach().mm(router) + bias);
     const at::Tensor chosen = std::get<1>(scores.topk(1)).squeeze(1);
     return in * experts.index_select(0, chosen);
