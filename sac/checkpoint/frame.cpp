@@ -159,9 +159,9 @@ std::shared_ptr<Holder> CheckpointFrame::add_holder(const at::Tensor& packed) {
     metadata_.push_back({packed.sizes().vec(), packed.scalar_type(), packed.device()});
   }
   if (config_.value_check) {
-    SavedValue saved{ValueChecksum::of(packed), origins_.describe(packed)};
+    SavedValue saved{ValueChecksum::of(packed), origins_.of(packed)};
     saved.version = version_of(packed);
-    if (!origins_.made_in_region(packed)) {
+    if (!saved.origin.made.has_value()) {
       saved.outside.emplace(packed.getIntrusivePtr());  // compared again at the forward's end
     }
     values_.push_back(std::move(saved));
@@ -343,7 +343,7 @@ void CheckpointFrame::check_value(size_t index, const at::Tensor& value) const {
   SAC_CHECKPOINT_CHECK(
       false, "sac::checkpoint: the recomputation of ", region_name(),
       " gave a different value than its forward to tensor ", index, " of the ",
-      holders_.size(), " that autograd saved there: ", values_[index].origin, ". ",
+      holders_.size(), " that autograd saved there: ", values_[index].origin.describe(), ". ",
       same_metadata ? "Its values differ (checksum " + values_[index].checksum.str() +
                           " in the forward, " + checksum.str() + " recomputed), " +
                           metadata_[index].str() + "."

@@ -1,5 +1,6 @@
 #include <sac/checkpoint/internal/value_check.h>
 
+#include <sac/dispatch/internal/boxed.h>
 #include <sac/dispatch/internal/interceptor.h>
 #include <sac/policy/internal/op_traits.h>
 
@@ -210,54 +211,46 @@ void OpOrigins::note_outputs(const char* op, const std::optional<c10::OperatorNa
   if (!running_.empty()) {
     running_.pop_back();
   }
-  const size_t call = calls_[op]++;
-  // A view makes no values: its storage keeps the origin it had (or none,
-  // a view of an outside tensor).
-  auto view = views_.find(op);
-  if (view == views_.end()) {
+  auto [it, first] = ops_.try_emplace(op);
+  Op& seen = it->second;
+  if (first) {
     const auto handle =
         name.has_value() ? c10::Dispatcher::singleton().findOp(*name) : std::nullopt;
-    view = views_.emplace(op, handle.has_value() && handle->hasSchema() &&
-                                  policy::is_view(*handle)).first;
+    seen.view = handle.has_value() && handle->hasSchema() && policy::is_view(*handle);
   }
-  if (view->second) {
-    return;
+  const size_t call = seen.calls++;
+  if (seen.view) {
+    return;  // its storage keeps the origin it had (none: a view of an outside tensor)
   }
-  auto note = [&](const at::Tensor& t) {
-    if (t.defined() && t.has_storage()) {
-      by_storage_[t.storage().unsafeGetStorageImpl()] = {op, call};
-    }
-  };
   for (const c10::IValue& output : outputs) {
-    if (output.isTensor()) {
-      note(output.toTensor());
-    } else if (output.isTensorList()) {
-      for (const at::Tensor& t : output.toTensorVector()) {
-        note(t);
+    dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
+      if (t.has_storage()) {
+        by_storage_[t.storage().unsafeGetStorageImpl()] = {op, call};
       }
-    }
+    });
   }
 }
 
-bool OpOrigins::made_in_region(const at::Tensor& t) const {
-  return t.has_storage() && by_storage_.count(t.storage().unsafeGetStorageImpl()) > 0;
-}
-
-std::string OpOrigins::describe(const at::Tensor& saved) const {
-  std::string out;
-  const auto it = saved.has_storage()
-                      ? by_storage_.find(saved.storage().unsafeGetStorageImpl())
-                      : by_storage_.end();
-  if (it == by_storage_.end()) {
-    out = "not made in the region (an input, a parameter, a buffer or a constant)";
-  } else {
-    out = "made by " + it->second.op + " (its call " + std::to_string(it->second.call) +
-          " in the region)";
+SavedOrigin OpOrigins::of(const at::Tensor& saved) const {
+  SavedOrigin origin;
+  if (saved.has_storage()) {
+    const auto it = by_storage_.find(saved.storage().unsafeGetStorageImpl());
+    if (it != by_storage_.end()) {
+      origin.made = it->second;
+    }
   }
   if (!running_.empty()) {
-    out += ", saved for backward by " + running_.back();
+    origin.saver = running_.back();
   }
-  return out;
+  return origin;
+}
+
+std::string SavedOrigin::describe() const {
+  std::string out =
+      made.has_value()
+          ? "made by " + made->op + " (its call " + std::to_string(made->call) + " in the region)"
+          : "not made in the region (an input, a parameter, a buffer or a constant)";
+  return saver.empty() ? out : out + ", saved for backward by " + saver;
 }
 
 OriginScope::OriginScope(OpOrigins& origins) {

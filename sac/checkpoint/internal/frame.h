@@ -120,7 +120,7 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
   std::vector<TensorMetadata> metadata_;  // one per holder, with the check on
   struct SavedValue {
     ValueChecksum checksum;
-    std::string origin;  // OpOrigins::describe
+    SavedOrigin origin;
     // The region itself wrote it after saving it (a BatchNorm's running
     // statistics, saved before the op updates them, through a schema that
     // does not say so): the recomputation saves other values, rightly.

@@ -48,15 +48,25 @@ class ValueChecksum {
 // has no accelerator).
 void checksum_with_tensor_ops_for_testing(bool on);
 
-// What made the tensors a region's forward saves.
-class OpOrigins {
- public:
+// Where a tensor the forward saved came from.
+struct SavedOrigin {
+  struct Call {
+    std::string op;
+    size_t call = 0;  // of `op` in the region
+  };
+  std::optional<Call> made;  // the last op of the region that wrote its storage
+  std::string saver;         // the op whose backward saves it, if one was running
+
   // "made by aten::topk (its call 0 in the region), saved for backward by
   // aten::index_select", or, for a tensor no op of the region wrote, "not
   // made in the region (an input, a parameter, a buffer or a constant)".
-  std::string describe(const at::Tensor& saved) const;
-  // Whether an op of the region wrote `t`'s storage.
-  bool made_in_region(const at::Tensor& t) const;
+  std::string describe() const;
+};
+
+// What made the tensors a region's forward saves.
+class OpOrigins {
+ public:
+  SavedOrigin of(const at::Tensor& saved) const;
 
   // From OriginScope's callbacks: `op` began; `op` returned `outputs`.
   void note_running(const char* op);
@@ -64,13 +74,12 @@ class OpOrigins {
                     const std::vector<c10::IValue>& outputs);
 
  private:
-  struct Origin {
-    std::string op;
-    size_t call = 0;
+  struct Op {
+    size_t calls = 0;
+    bool view = false;  // a view makes no values
   };
-  std::unordered_map<const void*, Origin> by_storage_;
-  std::unordered_map<std::string, size_t> calls_;
-  std::unordered_map<std::string, bool> views_;
+  std::unordered_map<const void*, SavedOrigin::Call> by_storage_;
+  std::unordered_map<std::string, Op> ops_;
   std::vector<std::string> running_;
 };
 
