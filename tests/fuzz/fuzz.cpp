@@ -34,6 +34,7 @@
 // a crash that needs earlier cases (process state) is reproduced.
 
 #include <sac/sac.h>
+#include <torch/library.h>
 #include <torch/torch.h>
 
 #include <fcntl.h>
@@ -67,6 +68,25 @@
 extern char** environ;
 
 namespace {
+
+// A custom op with state of its own, as a kernel that draws from its own
+// generator: the scale of step `key` grows with each call of it in an
+// iteration (reset by run()). A forward calls each step once, so the
+// forward's values match the reference's; a recomputation's do not, which
+// only DeterminismCheck::Values catches (the regions around it turn it on).
+std::map<int64_t, int> drift_calls;
+at::Tensor drift_kernel(const at::Tensor& x, int64_t key) {
+  return at::full_like(x, 1.0 + 0.25 * drift_calls[key]++);
+}
+TORCH_LIBRARY(sac_fuzz, m) { m.def("drift(Tensor x, int key) -> Tensor"); }
+TORCH_LIBRARY_IMPL(sac_fuzz, CPU, m) { m.impl("drift", drift_kernel); }
+
+at::Tensor drift(const at::Tensor& x, int64_t key) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("sac_fuzz::drift", "")
+                             .typed<at::Tensor(const at::Tensor&, int64_t)>();
+  return op.call(x, key);
+}
 
 // Where the fuzzer's offload answers go: copies in memory of their own, as a
 // host would hold them (a CPU tensor has nowhere else to go). Dense copies,
@@ -104,6 +124,7 @@ bool modifies_region_read_later(const Program& p);
 bool retains_graph(const Program& p);
 bool has_inner_grad(const Program& p);
 bool under_offload_guard(const Program& p);
+bool drifts_in_region(const Program& p);
 
 struct AllowedError {
   const char* substring;
@@ -138,6 +159,9 @@ const AllowedError kAllowedErrors[] = {
     // The same for a sac::CheckpointRegion guard, whose outside tensors are
     // its region's inputs and captured leaves alike.
     {"was modified in place after the region read it", "outside-modified", &modifies_region_read_later},
+    // A drift step (an op with its own state) recomputed: the value check,
+    // on in every region around one, names the saved tensor that differs.
+    {"gave a different value than its forward", "value-differs", &drifts_in_region},
 };
 
 constexpr int kIterations = 3;
@@ -269,6 +293,8 @@ enum class Op {
   Sdpa, LinearModule, LayerNormModule, ItemScale, InnerGrad, BufferMutate,
   // data from the host, views of one memory read together
   HostConst, HostIndex, OverlapMul,
+  // an op with state of its own
+  Drift,
 };
 
 // Name and, for compound steps, what the step computes (a, b, c: its inputs).
@@ -319,6 +345,7 @@ std::pair<const char*, const char*> op_name(Op op) {
     case Op::InnerGrad: return {"inner_grad", "autograd::grad(sum(sin(a) * b), a, create_graph=true)"};
     case Op::BufferMutate: return {"buffer_inplace", ""};
     case Op::HostConst: return {"host_const", "a * c, c made from host data in the step"};
+    case Op::Drift: return {"drift", "a * drift(a): a custom op whose scale grows with each call"};
     case Op::HostIndex: return {"host_index", "a.index_select(0, torch::tensor(std::vector<int64_t>{...}))"};
     case Op::OverlapMul: return {"overlap_mul", "a.narrow(-1, start, n) * b, b a narrow view of a"};
   }
@@ -623,6 +650,15 @@ bool retains_graph(const Program& p) { return p.second_backward; }
 
 bool under_offload_guard(const Program& p) { return p.offload_guard != 0; }
 
+bool drifts_in_region(const Program& p) {
+  for (const auto& r : p.regions) {
+    for (int i = r.begin; i < r.end; ++i) {
+      if (p.steps[i].op == Op::Drift) return true;
+    }
+  }
+  return false;
+}
+
 bool has_inner_grad(const Program& p) {
   for (const auto& s : p.steps) {
     if (s.op == Op::InnerGrad) return true;
@@ -649,6 +685,7 @@ std::string features(const Program& p) {
     if (s.op == Op::ItemScale && inside(i)) f.insert("item-in-region");
     if ((s.op == Op::HostConst || s.op == Op::HostIndex) && inside(i)) f.insert("host-data-in-region");
     if (s.op == Op::OverlapMul) f.insert("overlapping-views");
+    if (s.op == Op::Drift && inside(i)) f.insert("drift-in-region");
   }
   for (const auto& r : p.regions) {
     if (r.parent >= 0) f.insert("nested");
@@ -947,6 +984,7 @@ class Generator {
         {"modules", 7, &Generator::modules},          {"scalar", 2, &Generator::scalar},
         {"inner_grad", 4, &Generator::inner_grad},    {"buffer", 2, &Generator::buffer},
         {"host_data", 5, &Generator::host_data},      {"overlap", 4, &Generator::overlap},
+        {"drift", 2, &Generator::drift},
     };
     return all;
   }
@@ -1248,6 +1286,11 @@ class Generator {
     emit(Op::ItemScale, {a, b}, {fval(shape(a), rg({a}), contig({a}))});
   }
 
+  void drift() {
+    const int a = any_float();
+    emit(Op::Drift, {a}, {fval(shape(a), rg({a}), contig({a}))});
+  }
+
   void inner_grad() {
     const int a = pick(find([](const Value& v) { return v.requires_grad; }));
     if (a < 0) return elementwise();
@@ -1363,6 +1406,12 @@ class Generator {
     r.early_stop = !coin(0.25);
     r.no_determinism_check = coin(0.1);
     r.value_check = !r.no_determinism_check && coin(0.3);
+    for (int i = begin; i < end; ++i) {
+      if (p_.steps[i].op == Op::Drift) {  // only the value check sees it (see drift())
+        r.no_determinism_check = false;
+        r.value_check = true;
+      }
+    }
     r.debug = coin(0.05);
     r.arg_style = uniform(0, 2);
     r.capture_leaves = coin(0.5);
@@ -1843,6 +1892,7 @@ class Runner {
       case Op::LayerNormModule: set(0, inst_.norms.at(s.module)->forward(in(0))); break;
       // non-tensor values
       case Op::ItemScale: set(0, in(0) * std::tanh(in(1).mean().item<double>())); break;
+      case Op::Drift: set(0, in(0) * drift(in(0).detach(), &s - p_.steps.data())); break;
       case Op::InnerGrad: {
         at::Tensor a = in(0);
         auto t = (a.sin() * in(1)).sum();
@@ -1918,6 +1968,7 @@ RunResult run(const Program& p, bool checkpointed) {
     try {
       // Identical in both runs, so random ops draw the same numbers.
       torch::manual_seed(p.seed + it);
+      drift_calls.clear();
       Snapshot snap;
       {
         at::Tensor loss = runner.forward();
