@@ -398,6 +398,9 @@ struct PolicySpec {
   int key = -1;
   // Build a new Policy object at every call instead of once per run.
   bool fresh = false;
+  // any_of({policy, shape_deciding_ops()}): sort and argmax kept, whatever
+  // the policy says.
+  bool keep_shape_deciding = false;
   bool stateless() const { return kind != EveryOther; }
 };
 
@@ -529,7 +532,8 @@ std::string policy_str(const PolicySpec& p) {
     case PolicySpec::BoolHash: o << "from_fn(bool: hash of op name, salt " << p.salt << ")"; break;
     case PolicySpec::EveryOther: o << "from_fn(stateful: every other call)"; break;
   }
-  o << " object=" << p.key << (p.fresh ? " fresh-per-call" : "");
+  o << (p.keep_shape_deciding ? " +shape_deciding_ops" : "") << " object=" << p.key
+    << (p.fresh ? " fresh-per-call" : "");
   return o.str();
 }
 
@@ -695,6 +699,7 @@ std::string features(const Program& p) {
     if (r.names != 0) f.insert("names");
     if (r.via_context_fn) f.insert("context_fn");
     if (r.policy.kind == PolicySpec::EveryOther) f.insert("stateful-policy");
+    if (r.policy.keep_shape_deciding) f.insert("shape-deciding-kept");
     if (r.policy.kind == PolicySpec::None) f.insert("full-recompute");
     else f.insert("selective");
     for (int i = r.begin; i < r.end; ++i) {
@@ -1383,6 +1388,7 @@ class Generator {
     s.key = next_policy_key_++;
     s.salt = rng_();
     s.fresh = coin(0.25);
+    s.keep_shape_deciding = coin(0.2);
     if (s.kind == PolicySpec::SaveOps) {
       for (const auto& name : names_) {
         if (coin(0.35)) s.names.push_back(name);
@@ -1656,6 +1662,11 @@ class Runner {
   }
 
   static sac::Policy make_policy(const PolicySpec& s) {
+    sac::Policy policy = make_base_policy(s);
+    return s.keep_shape_deciding ? sac::any_of({policy, sac::shape_deciding_ops()}) : policy;
+  }
+
+  static sac::Policy make_base_policy(const PolicySpec& s) {
     using Ctx = sac::SelectiveCheckpointContext;
     using Args = c10::ArrayRef<c10::IValue>;
     switch (s.kind) {
