@@ -19,9 +19,7 @@ const c10::StorageImpl* CachedStorages::hold(const at::Tensor& t) {
   }
   const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
   Info& info = storages_[storage];
-  if (info.slots++ == 0) {
-    info.pin.emplace(t.storage().getWeakStorageImpl());
-  }
+  ++info.slots;
   if (info.held++ == 0) {
     info.nbytes = t.storage().nbytes();
     bytes_ += info.nbytes;
@@ -34,67 +32,87 @@ void CachedStorages::unhold(const c10::StorageImpl* storage) {
   if (storage == nullptr) {
     return;
   }
-  Info& info = storages_.at(storage);
-  if (--info.held == 0) {
-    bytes_ -= info.nbytes;
+  Info* info = storages_.find(storage);
+  TORCH_INTERNAL_ASSERT(info != nullptr);
+  if (--info->held == 0) {
+    bytes_ -= info->nbytes;
+    pin(*info, storage);
   }
 }
 
-void CachedStorages::release(const c10::StorageImpl* storage) {
+void CachedStorages::pin(Info& info, const c10::StorageImpl* storage) {
+  if (!info.pin.has_value()) {
+    // Alive: a slot calls unhold and release before it lets go of its tensor.
+    info.pin.emplace(c10::intrusive_ptr<c10::StorageImpl>::unsafe_reclaim_from_nonowning(
+        const_cast<c10::StorageImpl*>(storage)));
+  }
+}
+
+void CachedStorages::release(const c10::StorageImpl* storage, bool held) {
   if (storage == nullptr) {
     return;
   }
-  const auto it = storages_.find(storage);
-  TORCH_INTERNAL_ASSERT(it != storages_.end());
-  if (--it->second.slots == 0) {
-    storages_.erase(it);
+  Info* info = storages_.find(storage);
+  TORCH_INTERNAL_ASSERT(info != nullptr);
+  const bool last = --info->slots == 0;
+  if (held && --info->held == 0) {
+    bytes_ -= info->nbytes;
+    if (!last) {
+      pin(*info, storage);
+    }
+  }
+  if (last) {
+    storages_.erase(storage);
   }
 }
 
 bool CachedStorages::watch(const at::Tensor& t) {
-  if (!t.has_storage()) {
+  if (storages_.empty() || !t.has_storage()) {
     return false;
   }
-  const auto it = storages_.find(t.storage().unsafeGetStorageImpl());
-  if (it == storages_.end()) {
+  Info* info = storages_.find(t.storage().unsafeGetStorageImpl());
+  if (info == nullptr) {
     return false;
   }
-  add_watch(it->second, VersionWatch(t));
+  add_watch(*info, VersionWatch(t));
   return true;
 }
 
 void CachedStorages::watch(const c10::StorageImpl* storage,
                            const std::vector<VersionWatch>& watches) {
-  Info& info = storages_.at(storage);
+  Info* info = storages_.find(storage);
+  TORCH_INTERNAL_ASSERT(info != nullptr);
   for (const auto& watch : watches) {
-    add_watch(info, watch);
+    add_watch(*info, watch);
   }
 }
 
-void CachedStorages::note_write(const at::Tensor& t, const c10::OperatorName& op) {
+void CachedStorages::note_write(const at::Tensor& t, const c10::OperatorName* op) {
   if (!t.has_storage()) {
     return;
   }
-  const auto it = storages_.find(t.storage().unsafeGetStorageImpl());
-  if (it != storages_.end() && !it->second.writer.has_value()) {
-    it->second.writer = op;
+  Info* info = storages_.find(t.storage().unsafeGetStorageImpl());
+  if (info != nullptr && info->writer == nullptr) {
+    info->writer = op;
   }
 }
 
-const std::optional<c10::OperatorName>& CachedStorages::writer(
-    const c10::StorageImpl* storage) const {
-  static const std::optional<c10::OperatorName> unknown;
+std::optional<c10::OperatorName> CachedStorages::writer(const c10::StorageImpl* storage) const {
   if (storage == nullptr) {
-    return unknown;
+    return std::nullopt;
   }
-  return storages_.at(storage).writer;
+  const Info* info = storages_.find(storage);
+  TORCH_INTERNAL_ASSERT(info != nullptr);
+  return info->writer == nullptr ? std::nullopt : std::make_optional(*info->writer);
 }
 
 bool CachedStorages::modified(const c10::StorageImpl* storage) const {
   if (storage == nullptr) {
     return false;
   }
-  for (const auto& watch : storages_.at(storage).watches) {
+  const Info* info = storages_.find(storage);
+  TORCH_INTERNAL_ASSERT(info != nullptr);
+  for (const auto& watch : info->watches) {
     if (watch.changed()) {
       return true;
     }
@@ -104,11 +122,11 @@ bool CachedStorages::modified(const c10::StorageImpl* storage) const {
 
 int64_t CachedStorages::bytes_off_device() const {
   int64_t bytes = 0;
-  for (const auto& [storage, info] : storages_) {
+  storages_.for_each([&](const void*, const Info& info) {
     if (info.slots > 0 && info.held == 0) {
       bytes += static_cast<int64_t>(info.nbytes);
     }
-  }
+  });
   return bytes;
 }
 

@@ -52,13 +52,21 @@ c10::IValue map_tensors(const c10::IValue& value, F&& f) {
   return value;
 }
 
-// The defined tensors among `outputs`, in slot order.
 }  // namespace
 
-OpCache::Call OpCache::shape_of(c10::ArrayRef<c10::IValue> outputs, Tensors& tensors) {
+void OpCache::shape_of(Call& call, c10::ArrayRef<c10::IValue> outputs, Tensors& tensors) {
+  call.plain = std::all_of(outputs.begin(), outputs.end(), [](const c10::IValue& output) {
+    return output.isTensor() && output.toTensor().defined();
+  });
+  if (call.plain) {
+    for (const auto& output : outputs) {
+      call.slots.emplace_back(output.toTensor());
+      tensors.push_back(output.toTensor());
+    }
+    return;
+  }
   // The structure stays in `outputs`, with each tensor replaced by a
   // placeholder; the defined tensors get the slots.
-  Call call;
   for (const auto& output : outputs) {
     call.outputs.push_back(map_tensors(output, [&](const at::Tensor& t) {
       call.defined.push_back(t.defined());
@@ -69,26 +77,31 @@ OpCache::Call OpCache::shape_of(c10::ArrayRef<c10::IValue> outputs, Tensors& ten
       return at::Tensor();
     }));
   }
+}
+
+OpCache::Call& OpCache::add(const c10::OperatorHandle& op) {
+  OpCalls& calls = ops_[dispatch::op_key(op)];
+  Call& call = calls_.emplace_back(op, calls.size());
+  calls.emplace_back(static_cast<uint32_t>(calls_.size() - 1));
   return call;
 }
 
 void OpCache::append_recompute(const c10::OperatorHandle& op,
                                c10::ArrayRef<c10::IValue> outputs,
                                std::optional<GeneratorSnapshot> generator) {
-  auto& calls = calls_[op];
   if (!track_producers_) {
-    calls.emplace_back();
+    ops_[dispatch::op_key(op)].emplace_back(kRecomputed);
     return;
   }
+  Call& call = add(op);
   Tensors defined;
-  Call call = shape_of(outputs, defined);
+  shape_of(call, outputs, defined);
   std::vector<at::Tensor> tensors(defined.begin(), defined.end());
   for (size_t i = 0; i < tensors.size(); ++i) {
     call.slots[i].returned.emplace(tensors[i].getIntrusivePtr());
   }
   call.generator = std::move(generator);
-  producers_.note(op, calls.size(), tensors);
-  calls.push_back(std::move(call));
+  producers_.note(op, call.index, tensors);
   // A tag's own record has no tensor outputs: it leaves the call it tags
   // the latest.
   if (!tensors.empty()) {
@@ -97,8 +110,8 @@ void OpCache::append_recompute(const c10::OperatorHandle& op,
 }
 
 size_t OpCache::recorded_calls(const c10::OperatorHandle& op) const {
-  const auto it = calls_.find(op);
-  return it == calls_.end() ? 0 : it->second.size();
+  const OpCalls* calls = ops_.find(dispatch::op_key(op));
+  return calls == nullptr ? 0 : calls->size();
 }
 
 void OpCache::keep(Call& call, c10::ArrayRef<at::Tensor> tensors,
@@ -122,25 +135,21 @@ void OpCache::append_saved(const c10::OperatorHandle& op,
                            c10::ArrayRef<c10::IValue> outputs,
                            std::optional<GeneratorSnapshot> generator,
                            std::shared_ptr<CopyTarget> offload_to) {
-  auto& calls = calls_[op];
+  Call& call = add(op);
   Tensors tensors;
-  Call call = shape_of(outputs, tensors);
+  shape_of(call, outputs, tensors);
   keep(call, tensors, std::move(offload_to));
   call.generator = std::move(generator);
   if (track_producers_) {
-    producers_.note(op, calls.size(), tensors);
+    producers_.note(op, call.index, tensors);
     producers_.drop_latest();
   }
-  calls.push_back(std::move(call));
 }
 
-void OpCache::watch_aliases(c10::ArrayRef<c10::IValue> values) {
-  if (storages_.empty() && producers_.empty()) {
-    return;
-  }
+void OpCache::watch_aliases_of_known(c10::ArrayRef<c10::IValue> values) {
   for (const auto& value : values) {
     for_each_tensor(value, [&](const at::Tensor& t) {
-      if (!storages_.watch(t)) {
+      if (!storages_.watch(t) && !producers_.empty()) {
         producers_.watch(t);
       }
     });
@@ -152,14 +161,19 @@ std::optional<OpCache::Producer> OpCache::producer_of(const at::Tensor& t) const
   if (!producer.has_value()) {
     return std::nullopt;
   }
-  const Call& call = calls_.at(producer->op).at(producer->index);
-  return Producer{producer->op, producer->index, call.state == Call::State::Saved};
+  bool recorded = true;
+  const Call* call = find(producer->op, producer->index, recorded);
+  TORCH_INTERNAL_ASSERT(call != nullptr, "sac: a producer without its entry");
+  return Producer{producer->op, producer->index, call->state == Call::State::Saved};
 }
 
 std::optional<std::string> OpCache::keep_late(const Producer& producer,
                                               std::shared_ptr<CopyTarget> offload_to) {
   TORCH_INTERNAL_ASSERT(recording_ && track_producers_, "sac: keep_late() while not tracking");
-  Call& call = calls_.at(producer.op).at(producer.call);
+  bool recorded = true;
+  Call* found = find(producer.op, producer.call, recorded);
+  TORCH_INTERNAL_ASSERT(found != nullptr, "sac: keep_late() of a call without its entry");
+  Call& call = *found;
   TORCH_INTERNAL_ASSERT(call.state == Call::State::Recompute);
   std::vector<at::Tensor> tensors;
   for (size_t index = 0; index < call.slots.size(); ++index) {
@@ -190,7 +204,10 @@ std::optional<std::string> OpCache::keep_late(const Producer& producer,
 
 void OpCache::recompute_late(const Producer& producer) {
   TORCH_INTERNAL_ASSERT(recording_ && track_producers_, "sac: recompute_late() while not tracking");
-  Call& call = calls_.at(producer.op).at(producer.call);
+  bool recorded = true;
+  Call* found = find(producer.op, producer.call, recorded);
+  TORCH_INTERNAL_ASSERT(found != nullptr, "sac: recompute_late() of a call without its entry");
+  Call& call = *found;
   TORCH_INTERNAL_ASSERT(call.state == Call::State::Saved);
   for (const Slot& slot : call.slots) {
     if (slot.storage != nullptr) {
@@ -204,11 +221,12 @@ void OpCache::recompute_late(const Producer& producer) {
 void OpCache::stop_tracking() {
   track_producers_ = false;
   producers_.clear();
-  for (auto& [op, calls] : calls_) {
-    for (auto& call : calls) {
-      if (call.state == Call::State::Recompute) {
-        call = Call();
-      }
+  for (Call& call : calls_) {
+    if (call.state == Call::State::Recompute) {
+      call.outputs.clear();
+      call.defined.clear();
+      call.slots.clear();
+      call.generator.reset();
     }
   }
 }
@@ -228,34 +246,29 @@ std::optional<std::pair<size_t, std::string>> OpCache::first_modified(
 }
 
 void OpCache::demote_modified() {
-  for (auto& [op, calls] : calls_) {
-    for (size_t index = 0; index < calls.size(); ++index) {
-      Call& call = calls[index];
-      if (call.state != Call::State::Saved) {
-        continue;
-      }
-      const auto modified = first_modified(call);
-      if (!modified.has_value()) {
-        continue;
-      }
-      demotions_.push_back(
-          {op.operator_name(), index, storages_.writer(call.slots[modified->first].storage)});
-      drop(call);
-      call.state = Call::State::Recompute;
+  for (Call& call : calls_) {
+    if (call.state != Call::State::Saved) {
+      continue;
     }
+    const auto modified = first_modified(call);
+    if (!modified.has_value()) {
+      continue;
+    }
+    demotions_.push_back({call.op.operator_name(), call.index,
+                          storages_.writer(call.slots[modified->first].storage)});
+    drop(call);
+    call.state = Call::State::Recompute;
   }
 }
 
-void OpCache::note_writes(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> outputs) {
-  if (storages_.empty()) {
-    return;
-  }
+void OpCache::note_writes_on_kept(const c10::OperatorHandle& op,
+                                  c10::ArrayRef<c10::IValue> outputs) {
   const auto& returns = op.schema().returns();
   for (size_t i = 0; i < outputs.size() && i < returns.size(); ++i) {
     const c10::AliasInfo* alias = returns[i].alias_info();
     if (alias != nullptr && alias->isWrite()) {
       for_each_tensor(outputs[i],
-                      [&](const at::Tensor& t) { storages_.note_write(t, op.operator_name()); });
+                      [&](const at::Tensor& t) { storages_.note_write(t, &op.operator_name()); });
     }
   }
 }
@@ -276,32 +289,31 @@ void OpCache::end_recording() {
 
 OpCache::Summary OpCache::summary() const {
   Summary summary;
-  for (const auto& [op, calls] : calls_) {
-    for (const auto& call : calls) {
-      if (call.state == Call::State::Recompute) {
+  ops_.for_each([&](const void*, const OpCalls& calls) {
+    for (const uint32_t entry : calls) {
+      if (entry == kRecomputed || calls_[entry].state == Call::State::Recompute) {
         ++summary.recompute_calls;
         continue;
       }
+      const Call& call = calls_[entry];
       const bool offloaded = std::any_of(call.slots.begin(), call.slots.end(),
                                          [](const Slot& slot) { return slot.offloaded(); });
       ++(offloaded ? summary.offloaded_calls : summary.kept_calls);
     }
-  }
+  });
   summary.offloaded_bytes = storages_.bytes_off_device();
   return summary;
 }
 
 void OpCache::stash(TensorStash& stash) {
   TORCH_INTERNAL_ASSERT(!recording_, "sac: stash() of a cache still recording");
-  for (auto& [op, calls] : calls_) {
-    for (auto& call : calls) {
-      if (call.state != Call::State::Saved) {
-        continue;
-      }
-      for (auto& slot : call.slots) {
-        if (slot.held.defined()) {  // not offloaded, nor stashed already
-          slot.stash(stash, storages_);
-        }
+  for (Call& call : calls_) {
+    if (call.state != Call::State::Saved) {
+      continue;
+    }
+    for (auto& slot : call.slots) {
+      if (slot.held.defined()) {  // not offloaded, nor stashed already
+        slot.stash(stash, storages_);
       }
     }
   }
@@ -313,19 +325,25 @@ void OpCache::prefetch() {
   if (recording_) {
     return;
   }
-  for (auto& [op, calls] : calls_) {
-    for (auto& call : calls) {
-      if (call.state != Call::State::Saved || call.target == nullptr) {
-        continue;
-      }
-      for (auto& slot : call.slots) {
-        slot.start_copy_back(*call.target);
-      }
+  for (Call& call : calls_) {
+    if (call.state != Call::State::Saved || call.target == nullptr) {
+      continue;
+    }
+    for (auto& slot : call.slots) {
+      slot.start_copy_back(*call.target);
     }
   }
 }
 
 std::vector<c10::IValue> OpCache::outputs_of(Call& call, bool consume) {
+  if (call.plain) {
+    std::vector<c10::IValue> outputs;
+    outputs.reserve(call.slots.size());
+    for (Slot& slot : call.slots) {
+      outputs.emplace_back(slot.tensor(consume, call.target.get()));
+    }
+    return outputs;
+  }
   size_t slot = 0;
   size_t position = 0;
   std::vector<c10::IValue> outputs;
@@ -341,26 +359,30 @@ std::vector<c10::IValue> OpCache::outputs_of(Call& call, bool consume) {
   return outputs;
 }
 
-const OpCache::Call* OpCache::find(const c10::OperatorHandle& op,
-                                   size_t call) const {
-  const auto it = calls_.find(op);
-  const size_t recorded = it == calls_.end() ? 0 : it->second.size();
-  if (call < recorded) {
-    return &it->second[call];
+const OpCache::Call* OpCache::find(const c10::OperatorHandle& op, size_t call,
+                                   bool& recorded) const {
+  const OpCalls* calls = ops_.find(dispatch::op_key(op));
+  const size_t count = calls == nullptr ? 0 : calls->size();
+  recorded = call < count;
+  if (recorded) {
+    const uint32_t entry = (*calls)[call];
+    return entry == kRecomputed ? nullptr : &calls_[entry];
   }
   if (recording_) {
     return nullptr;
   }
-  SAC_CHECKPOINT_CHECK(recorded > 0, "sac: ", op.operator_name(),
+  const size_t recorded_calls = count;
+  SAC_CHECKPOINT_CHECK(recorded_calls > 0, "sac: ", op.operator_name(),
               " ran during recomputation but never in the checkpointed "
               "forward. ", kMismatchHint);
   SAC_CHECKPOINT_CHECK(false, "sac: ", op.operator_name(), " ran at least ", call + 1,
-              " times during recomputation but only ", recorded,
+              " times during recomputation but only ", recorded_calls,
               " times in the checkpointed forward. ", kMismatchHint);
 }
 
 bool OpCache::cached(const c10::OperatorHandle& op, size_t call) const {
-  const Call* found = find(op, call);
+  bool recorded = false;
+  const Call* found = find(op, call, recorded);
   return found != nullptr && found->state != Call::State::Recompute &&
          // Modified already: end_recording will demote it.
          !(recording_ && first_modified(*found).has_value());
@@ -368,9 +390,10 @@ bool OpCache::cached(const c10::OperatorHandle& op, size_t call) const {
 
 OpCache::Served OpCache::take(const c10::OperatorHandle& op, size_t index,
                               bool allow_mutation) {
-  const Call* found = find(op, index);
+  bool recorded = false;
+  Call* found = find(op, index, recorded);
   TORCH_INTERNAL_ASSERT(found != nullptr, "sac: take() of a call not recorded");
-  Call& call = const_cast<Call&>(*found);
+  Call& call = *found;
   if (recording_) {
     // The backward after the forward needs them too: hand out new aliases.
     TORCH_INTERNAL_ASSERT(call.state == Call::State::Saved);
@@ -406,17 +429,16 @@ void OpCache::release_untaken() {
   if (recording_) {
     return;  // the backward after the forward takes them
   }
-  for (auto& [op, calls] : calls_) {
-    for (Call& call : calls) {
-      if (call.state == Call::State::Saved) {
-        drop(call);
-        call.state = Call::State::Served;
-      }
+  for (Call& call : calls_) {
+    if (call.state == Call::State::Saved) {
+      drop(call);
+      call.state = Call::State::Served;
     }
   }
 }
 
 void OpCache::clear() {
+  ops_.clear();
   calls_.clear();
   storages_.clear();
   producers_.clear();

@@ -103,6 +103,15 @@ void SelectiveMode::exit() {
   }
 }
 
+SelectiveMode::OpFacts SelectiveMode::facts(const c10::OperatorHandle& op) {
+  auto [facts, added] = facts_.try_emplace(dispatch::op_key(op));
+  if (added) {
+    facts = OpFacts{policy_.decides_about(op), policy::issues_collective(op), is_tag(op),
+                    policy::is_random(op)};
+  }
+  return facts;
+}
+
 // ---- CachingMode ------------------------------------------------------------
 
 CachingMode::CachingMode(Policy policy, std::shared_ptr<OpCache> cache,
@@ -141,11 +150,11 @@ void CachingMode::on_outermost_exit() {
 
 void CachingMode::intercept(const c10::OperatorHandle& op,
                             c10::DispatchKeySet below, torch::jit::Stack* stack) {
-  const bool collective = policy::issues_collective(op);
-  if (collective) {
+  const OpFacts facts = this->facts(op);
+  if (facts.collective) {
     cache_->collectives().note(op, arguments_on(op, *stack));
   }
-  if (!policy_.decides_about(op)) {
+  if (!facts.decided) {
     dispatch::run_op(op, below, stack);
     const auto outputs = outputs_on(op, *stack);
     cache_->watch_aliases(outputs);
@@ -157,17 +166,16 @@ void CachingMode::intercept(const c10::OperatorHandle& op,
   // outlive the call.
   const auto args = arguments_on(op, *stack);
   const c10::SmallVector<c10::IValue, 4> inputs(args.begin(), args.end());
-  const bool random = policy::is_random(op);
   std::optional<at::Generator> generator =
-      random ? explicit_generator(inputs) : std::nullopt;
+      facts.random ? explicit_generator(inputs) : std::nullopt;
   dispatch::run_op(op, below, stack);
   const auto outputs = outputs_on(op, *stack);
   std::optional<GeneratorSnapshot> after =
-      random ? snapshot_after(std::move(generator), outputs) : std::nullopt;
+      facts.random ? snapshot_after(std::move(generator), outputs) : std::nullopt;
   const SelectiveCheckpointContext ctx{/*is_recompute=*/false, outputs,
                                        cache_->recorded_calls(op)};
   const CheckpointPolicy answer = policy_.decide(ctx, op, inputs);
-  if (is_tag(op)) {
+  if (facts.tag) {
     ++counts_.tags;
     apply_tag(inputs, answer);
     cache_->append_recompute(op);
@@ -182,7 +190,7 @@ void CachingMode::intercept(const c10::OperatorHandle& op,
     cache_->append_recompute(op, outputs, std::move(after));
     return;
   }
-  if (collective) {
+  if (facts.collective) {
     wait_for_collective(outputs);
   }
   if (policy_.domain().every_cacheable_op && dispatch::mechanism_misses(op)) {
@@ -314,19 +322,20 @@ void CachedMode::intercept(const c10::OperatorHandle& op,
                            c10::DispatchKeySet below, torch::jit::Stack* stack) {
   // Checked whether served or run: a served call is the forward's call of
   // the same index, so a mismatch means the region took another path.
-  const bool collective = policy::issues_collective(op);
-  if (collective) {
-    cache_->collectives().check(op, next_collective_[op]++, arguments_on(op, *stack));
+  const OpFacts facts = this->facts(op);
+  if (facts.collective) {
+    cache_->collectives().check(op, next_collective_[dispatch::op_key(op)]++,
+                                arguments_on(op, *stack));
   }
-  if (!policy_.decides_about(op)) {
-    pass_.collectives_reissued += collective;
+  if (!facts.decided) {
+    pass_.collectives_reissued += facts.collective;
     dispatch::run_op(op, below, stack);
     return;
   }
-  const size_t call = next_call_[op]++;
+  const size_t call = next_call_[dispatch::op_key(op)]++;
   if (!cache_->cached(op, call)) {
-    pass_.collectives_reissued += collective;
-    if (statistics_ != nullptr && !is_tag(op)) {
+    pass_.collectives_reissued += facts.collective;
+    if (statistics_ != nullptr && !facts.tag) {
       ++pass_.calls_rerun;
     }
     dispatch::run_op(op, below, stack);

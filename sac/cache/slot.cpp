@@ -16,8 +16,8 @@ void Slot::hold(const at::Tensor& t, CachedStorages& storages) {
 }
 
 void Slot::unhold(CachedStorages& storages) {
+  storages.unhold(storage);  // first: it may pin the storage, which `held` keeps alive
   held = at::Tensor();
-  storages.unhold(storage);
 }
 
 void Slot::offload(CopyTarget& target, CachedStorages& storages) {
@@ -59,10 +59,8 @@ at::Tensor Slot::tensor(bool consume, CopyTarget* target) {
 }
 
 void Slot::release(CachedStorages& storages) {
-  if (held.defined()) {
-    unhold(storages);
-  }
-  storages.release(storage);
+  storages.release(storage, /*held=*/held.defined());
+  held = at::Tensor();
   storage = nullptr;
   stashed.reset();
   copy = at::Tensor();

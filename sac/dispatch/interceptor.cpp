@@ -30,6 +30,8 @@ struct ThreadState {
   OpInterceptor* interceptor = nullptr;
   bool observing = false;
   bool shielded = false;
+  // c10's key sets of this thread, found once (see WithoutFallbackKey).
+  c10::impl::PODLocalDispatchKeySet* keys = nullptr;
 };
 thread_local ThreadState tls_state;
 thread_local std::vector<OpObserver*> tls_observers;
@@ -75,46 +77,95 @@ void sync_fallback_key(const ThreadState& state) {
   }
 }
 
+// Removes the fallback key from the thread's included set while alive, and
+// puts it back: twice per intercepted op, so in place, through the pointer
+// the thread's state keeps (c10's setter, like each access to a thread-local
+// of another library, is a call).
+class WithoutFallbackKey {
+ public:
+  explicit WithoutFallbackKey(ThreadState& state) {
+#if !defined(_MSC_VER) && !defined(C10_ANDROID) && !defined(C10_IPHONE)
+    if (state.keys == nullptr) {
+      state.keys = &c10::impl::raw_local_dispatch_key_set;
+    }
+    keys_ = state.keys;
+#endif
+    set(false);
+  }
+  ~WithoutFallbackKey() { set(true); }
+  WithoutFallbackKey(const WithoutFallbackKey&) = delete;
+  WithoutFallbackKey& operator=(const WithoutFallbackKey&) = delete;
+
+ private:
+  void set(bool included) {
+#if defined(_MSC_VER) || defined(C10_ANDROID) || defined(C10_IPHONE)
+    c10::impl::tls_set_dispatch_key_included(kFallbackKey, included);
+#else
+    const c10::DispatchKeySet set = keys_->included();
+    keys_->set_included(included ? set.add(kFallbackKey) : set.remove(kFallbackKey));
+#endif
+  }
+  c10::impl::PODLocalDispatchKeySet* keys_ = nullptr;
+};
+
 // Hides the active interceptor and the observers (and the fallback key)
 // while they handle an op, so that the ops they run, and the ops the real
 // kernel runs inside, are not intercepted again.
 class SuspendInterception {
  public:
-  explicit SuspendInterception(bool fallback_key_included)
-      : saved_(std::exchange(tls_state, ThreadState{nullptr, false, /*shielded=*/true})),
-        fallback_key_included_(fallback_key_included) {
-    if (fallback_key_included_) {
-      c10::impl::tls_set_dispatch_key_included(kFallbackKey, false);
+  SuspendInterception(ThreadState& state, bool fallback_key_included)
+      : state_(state), saved_(state) {
+    state.interceptor = nullptr;
+    state.observing = false;
+    state.shielded = true;
+    if (fallback_key_included) {
+      without_key_.emplace(state);
     }
   }
   ~SuspendInterception() {
-    tls_state = saved_;
-    if (fallback_key_included_) {
-      c10::impl::tls_set_dispatch_key_included(kFallbackKey, true);
-    }
+    state_.interceptor = saved_.interceptor;
+    state_.observing = saved_.observing;
+    state_.shielded = saved_.shielded;
   }
   SuspendInterception(const SuspendInterception&) = delete;
   SuspendInterception& operator=(const SuspendInterception&) = delete;
 
  private:
-  ThreadState saved_;
-  bool fallback_key_included_;
+  ThreadState& state_;  // the thread's: looked up once per op
+  const ThreadState saved_;
+  std::optional<WithoutFallbackKey> without_key_;
 };
 
+// Shows an op's arguments (before) or outputs (after) to `observers`. Out of
+// line: most ops have none.
+[[gnu::noinline]] void show_before(const std::vector<OpObserver*>& observers,
+                                   const ObservedOp& call, const torch::jit::Stack& stack) {
+  const auto args = arguments_on(call.op, stack);
+  for (OpObserver* observer : observers) {
+    observer->before_op(call, args);
+  }
+}
+[[gnu::noinline]] void show_after(const std::vector<OpObserver*>& observers,
+                                  const ObservedOp& call, const torch::jit::Stack& stack) {
+  const auto outputs = outputs_on(call.op, stack);
+  for (OpObserver* observer : observers) {
+    observer->after_op(call, outputs);
+  }
+}
+
 // Handles one op for `interceptor` (or runs it) and shows it to `observers`.
+// `state` is the thread's, found by the caller: noipa keeps the compiler from
+// specializing this function for it and finding it again, a call each time.
 template <c10::DispatchKey Key>
-void handle(const c10::OperatorHandle& op, c10::DispatchKeySet below,
-            torch::jit::Stack* stack, OpInterceptor* interceptor,
-            const std::vector<OpObserver*>& observers) {
+[[gnu::noipa]] void handle(ThreadState& state, const c10::OperatorHandle& op,
+                           c10::DispatchKeySet below, torch::jit::Stack* stack,
+                           OpInterceptor* interceptor, const std::vector<OpObserver*>& observers) {
   // Reaching the fallback means the key is included; per-op kernels run with
   // it excluded (sac includes it only under the fallback mechanism).
-  SuspendInterception suspend(/*fallback_key_included=*/Key == kFallbackKey);
+  SuspendInterception suspend(state, /*fallback_key_included=*/Key == kFallbackKey);
   const ObservedOp call{op, below, interceptor};
   if (!observers.empty()) {
-    const auto args = arguments_on(op, *stack);
-    for (OpObserver* observer : observers) {
-      observer->before_op(call, args);
-    }
+    show_before(observers, call, *stack);
   }
   if (interceptor != nullptr) {
     interceptor->intercept(op, below, stack);
@@ -122,10 +173,7 @@ void handle(const c10::OperatorHandle& op, c10::DispatchKeySet below,
     op.redispatchBoxed(below, stack);
   }
   if (!observers.empty()) {
-    const auto outputs = outputs_on(op, *stack);
-    for (OpObserver* observer : observers) {
-      observer->after_op(call, outputs);
-    }
+    show_after(observers, call, *stack);
   }
 }
 
@@ -133,17 +181,22 @@ void handle(const c10::OperatorHandle& op, c10::DispatchKeySet below,
 template <c10::DispatchKey Key>
 void intercepting_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                          torch::jit::Stack* stack) {
-  const c10::DispatchKeySet below =
-      ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, Key);
-  const ThreadState state = tls_state;
-  if (state.interceptor != nullptr || state.observing) {
+  static constexpr c10::DispatchKeySet kBelow(c10::DispatchKeySet::FULL_AFTER, Key);
+  const c10::DispatchKeySet below = ks & kBelow;
+  ThreadState& tls = tls_state;
+  const ThreadState state = tls;
+  if (state.observing) {
+    handle<Key>(tls, op, below, stack, state.interceptor, tls_observers);
+    return;
+  }
+  if (state.interceptor != nullptr) {
     static const std::vector<OpObserver*> none;
-    handle<Key>(op, below, stack, state.interceptor, state.observing ? tls_observers : none);
+    handle<Key>(tls, op, below, stack, state.interceptor, none);
     return;
   }
   if (Carried* carried = carried_to(state)) {
     std::lock_guard<std::recursive_mutex> turn(carried->mutex);
-    handle<Key>(op, below, stack, carried->interceptor, carried->observers);
+    handle<Key>(tls, op, below, stack, carried->interceptor, carried->observers);
     return;
   }
   op.redispatchBoxed(below, stack);
@@ -579,8 +632,8 @@ void call_op(const c10::OperatorHandle& op, c10::DispatchKeySet below,
     return;
   }
   // As the ops an interceptor runs: hidden from everything on the thread.
-  SuspendInterception suspend(
-      c10::impl::tls_is_dispatch_key_included(kFallbackKey));
+  SuspendInterception suspend(tls_state,
+                              c10::impl::tls_is_dispatch_key_included(kFallbackKey));
   op.redispatchBoxed(below, stack);
 }
 

@@ -10,6 +10,7 @@
 // that its address names no other storage while the cache knows it.
 #pragma once
 
+#include <sac/base/internal/pointer_map.h>
 #include <sac/base/internal/version_watch.h>
 
 #include <ATen/core/Tensor.h>
@@ -21,7 +22,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
-#include <unordered_map>
 #include <vector>
 
 namespace sac {
@@ -35,9 +35,9 @@ class CachedStorages {
   // A slot on `storage` no longer keeps it on the device (stashed,
   // offloaded or served); the bytes go when no slot does.
   void unhold(const c10::StorageImpl* storage);
-  // A slot on `storage` (no longer holding it) is gone; the storage is
-  // forgotten with its last slot.
-  void release(const c10::StorageImpl* storage);
+  // A slot on `storage` is gone (with `held`, one that kept it on the
+  // device); the storage is forgotten with its last slot.
+  void release(const c10::StorageImpl* storage, bool held);
 
   // Watches `t`'s version counter if `t` lies on a storage known here;
   // false otherwise.
@@ -49,8 +49,8 @@ class CachedStorages {
   bool modified(const c10::StorageImpl* storage) const;
   // Notes `op` as having written `t` in place, if `t` lies on a storage
   // known here; the first such op is the storage's writer.
-  void note_write(const at::Tensor& t, const c10::OperatorName& op);
-  const std::optional<c10::OperatorName>& writer(const c10::StorageImpl* storage) const;
+  void note_write(const at::Tensor& t, const c10::OperatorName* op);
+  std::optional<c10::OperatorName> writer(const c10::StorageImpl* storage) const;
 
   // Bytes of the storages some slot keeps on the device.
   size_t bytes() const { return bytes_; }
@@ -66,12 +66,16 @@ class CachedStorages {
     size_t held = 0;    // of which keep it on the device
     size_t nbytes = 0;  // its size when first held
     c10::SmallVector<VersionWatch, 1> watches;  // one per counter known on it (inline: usually one)
+    // Taken when no slot keeps it on the device any more: until then a held
+    // tensor keeps it alive.
     std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> pin;
-    std::optional<c10::OperatorName> writer;
+    const c10::OperatorName* writer = nullptr;  // the dispatcher's, of a registered op
   };
   static void add_watch(Info& info, const VersionWatch& watch);
+  // Pins `storage` (alive now) once no slot keeps it on the device.
+  static void pin(Info& info, const c10::StorageImpl* storage);
 
-  std::unordered_map<const c10::StorageImpl*, Info> storages_;
+  PointerMap<Info> storages_;
   size_t bytes_ = 0;
 };
 

@@ -46,6 +46,7 @@
 #pragma once
 
 #include <sac/base/context.h>
+#include <sac/base/internal/pointer_map.h>
 #include <sac/cache/internal/new_storages.h>
 #include <sac/cache/internal/op_cache.h>
 #include <sac/cache/selective_modes.h>
@@ -82,12 +83,23 @@ class SelectiveMode : public RegionContext, protected dispatch::OpInterceptor {
   virtual void on_outermost_enter() {}
   virtual void on_outermost_exit() {}
 
+  // What both modes ask about an op on each of its calls, asked once per op
+  // and mode: a policy and an op's traits never change.
+  struct OpFacts {
+    bool decided;     // the policy decides about it (Policy::decides_about)
+    bool collective;  // it issues a collective (policy::issues_collective)
+    bool tag;         // sac::tag
+    bool random;      // it draws from a generator (policy::is_random)
+  };
+  OpFacts facts(const c10::OperatorHandle& op);
+
   Policy policy_;
   std::shared_ptr<OpCache> cache_;
   std::shared_ptr<RegionStatistics> statistics_;  // null: not counting
 
  private:
   std::vector<dispatch::InterceptorToken> entries_;
+  PointerMap<OpFacts> facts_;  // by dispatch::op_key
 };
 
 class CachingMode final : public SelectiveMode {
@@ -146,8 +158,8 @@ class CachedMode final : public SelectiveMode {
                  torch::jit::Stack* stack) override;
 
   bool allow_cache_entry_mutation_;
-  std::unordered_map<c10::OperatorHandle, size_t> next_call_;
-  std::unordered_map<c10::OperatorHandle, size_t> next_collective_;
+  PointerMap<size_t> next_call_;        // by dispatch::op_key
+  PointerMap<size_t> next_collective_;  // by dispatch::op_key
   RegionCounts pass_;  // this pass's, so far
   std::chrono::steady_clock::time_point pass_started_;
 };

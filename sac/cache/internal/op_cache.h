@@ -12,6 +12,8 @@
 #pragma once
 
 #include <sac/base/copy_target.h>
+#include <sac/base/internal/pointer_map.h>
+#include <sac/base/internal/stable_vector.h>
 #include <sac/base/internal/stash.h>
 #include <sac/cache/internal/cached_storages.h>
 #include <sac/cache/internal/collective_ledger.h>
@@ -26,7 +28,7 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace sac {
@@ -69,7 +71,11 @@ class OpCache {
   // Notes the ops that write their outputs in place (returns the schema
   // marks as written, such as add_'s self) on a kept output's storage: the
   // first of them is what a demotion reports as the modification.
-  void note_writes(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> outputs);
+  void note_writes(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> outputs) {
+    if (!storages_.empty()) {  // inline: most ops of most regions stop here
+      note_writes_on_kept(op, outputs);
+    }
+  }
 
   // A saved call that end_recording demoted: its op, which call of it in the
   // forward, and the op that first wrote its output in place, if one was
@@ -114,7 +120,11 @@ class OpCache {
   // (LibTorch's C++ linear adds its bias that way) modifies the other without
   // changing its version. The caching mode passes the outputs of every op the
   // forward runs, and the inputs of every op it saves.
-  void watch_aliases(c10::ArrayRef<c10::IValue> values);
+  void watch_aliases(c10::ArrayRef<c10::IValue> values) {
+    if (!storages_.empty() || !producers_.empty()) {  // as note_writes
+      watch_aliases_of_known(values);
+    }
+  }
 
   // ---- Late decisions (while recording, tracking producers) ----------------
 
@@ -175,7 +185,7 @@ class OpCache {
   // Drops every call and the outputs it kept, and the collectives noted.
   void clear();
   // No call recorded (or all cleared).
-  bool empty() const { return calls_.empty(); }
+  bool empty() const { return ops_.empty(); }
 
   // The collectives the forward issued (sac/cache/internal/collective_ledger.h),
   // whether or not the policy decides about them. Emptied by
@@ -208,31 +218,51 @@ class OpCache {
 
  private:
   struct Call {
+    Call(const c10::OperatorHandle& op, size_t index) : op(op), index(index) {}
     // Saved (with its outputs) or Recompute (with the structure of its
     // outputs and weak slots while producers are tracked).
     enum class State : uint8_t { Recompute, Saved, Served };
+    c10::OperatorHandle op;
+    size_t index;  // among the op's calls in the forward
     State state = State::Recompute;
-    // The op's outputs with their structure, each tensor replaced by an
-    // undefined placeholder; per placeholder, whether it stands for a
-    // defined tensor, which is then in the next slot.
-    // Inline for the usual single output: no allocation per call.
-    c10::SmallVector<c10::IValue, 1> outputs;
-    c10::SmallVector<bool, 2> defined;
+    // The usual case: every output is a defined tensor, each in its slot,
+    // and the slots are the whole structure. Otherwise `outputs` keeps the
+    // op's outputs with their structure, each tensor replaced by an
+    // undefined placeholder, and `defined` says per placeholder whether it
+    // stands for a defined tensor, which is then in the next slot.
+    bool plain = true;
+    c10::SmallVector<c10::IValue, 1> outputs;  // unless plain
+    c10::SmallVector<bool, 2> defined;         // unless plain
     c10::SmallVector<Slot, 1> slots;
     std::optional<GeneratorSnapshot> generator;
     std::shared_ptr<CopyTarget> target;  // of the offloaded slots
   };
 
-  // The call, or null for one past the end of a forward still recording.
-  const Call* find(const c10::OperatorHandle& op, size_t call) const;
-  // A call recording the structure of `outputs`, with a slot per defined
+  // Per op, its calls in forward order: each its entry in `calls_`, or
+  // kRecomputed for a recompute call recorded without one (when no
+  // producers are tracked, nothing about it is needed but its place).
+  static constexpr uint32_t kRecomputed = UINT32_MAX;
+  using OpCalls = StableVector<uint32_t>;
+
+  // The entry of call `call` of `op`, or null for a recompute call without
+  // one. Sets `recorded` to false (and returns null) for one past the end of
+  // a forward still recording; throws past the end of a finished forward.
+  const Call* find(const c10::OperatorHandle& op, size_t call, bool& recorded) const;
+  Call* find(const c10::OperatorHandle& op, size_t call, bool& recorded) {
+    return const_cast<Call*>(std::as_const(*this).find(op, call, recorded));
+  }
+  // A new entry for the next call of `op`.
+  Call& add(const c10::OperatorHandle& op);
+  // Records the structure of `outputs` in `call`, with a slot per defined
   // tensor (not kept yet); the defined tensors in order, in `tensors`.
   using Tensors = c10::SmallVector<at::Tensor, 2>;
-  static Call shape_of(c10::ArrayRef<c10::IValue> outputs, Tensors& tensors);
+  static void shape_of(Call& call, c10::ArrayRef<c10::IValue> outputs, Tensors& tensors);
   // Keeps `call`'s slots (`tensors`, one per slot) and offloads those
   // `offload_to` accepts: the call is saved from now on.
   void keep(Call& call, c10::ArrayRef<at::Tensor> tensors,
             std::shared_ptr<CopyTarget> offload_to);
+  void note_writes_on_kept(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> outputs);
+  void watch_aliases_of_known(c10::ArrayRef<c10::IValue> values);
   // Forgets what only late decisions needed.
   void stop_tracking();
   void demote_modified();
@@ -243,7 +273,8 @@ class OpCache {
   // how, or nullopt.
   std::optional<std::pair<size_t, std::string>> first_modified(const Call& call) const;
 
-  std::unordered_map<c10::OperatorHandle, std::vector<Call>> calls_;
+  PointerMap<OpCalls> ops_;  // by dispatch::op_key
+  StableVector<Call> calls_;  // the entries, in the order recorded
   CachedStorages storages_;
   Producers producers_;  // while tracking producers
   bool track_producers_ = false;

@@ -22,6 +22,13 @@ inline c10::ArrayRef<c10::IValue> outputs_on(const c10::OperatorHandle& op,
   return torch::jit::last(stack, op.schema().returns().size());
 }
 
+// An op's identity as an address (its dispatcher entry, which lives as long
+// as the op is registered): the key of sac's per-op tables. The dispatcher
+// hashes an op by that address.
+inline const void* op_key(const c10::OperatorHandle& op) {
+  return reinterpret_cast<const void*>(std::hash<c10::OperatorHandle>{}(op));
+}
+
 // The registered ops among `names` ({name, overload}; "" for the default
 // overload), in order. Names not registered in this process are left out.
 std::vector<c10::OperatorHandle> registered_ops(
