@@ -4,7 +4,7 @@
 //   SAC_DISPATCH=per_op valgrind --tool=callgrind --collect-atstart=no \
 //     --toggle-collect='*measured_loop*' --callgrind-out-file=/dev/null \
 //     build/benchmarks/per_op_instructions VARIANT
-// VARIANT: no_sac | floor | idle | unlisted | listed | callback | replay
+// VARIANT: no_sac | kept | floor | idle | unlisted | listed | callback | replay
 // (benchmarks/per_op_cost.cpp says what each is). benchmarks/side_by_side.py
 // runs them all and divides by the number of calls.
 #include <sac/sac.h>
@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <optional>
+#include <vector>
 
 constexpr int kCalls = 1000;
 
@@ -26,9 +27,22 @@ extern "C" __attribute__((noinline)) void measured_loop(const at::Tensor& a, con
   }
 }
 
+// The same calls, each output kept until the end, as a saving mode keeps
+// them: the allocator then finds no freed block to reuse and frees none in
+// the loop. The difference to measured_loop is what keeping costs without
+// sac; `listed` pays it too.
+extern "C" __attribute__((noinline)) void measured_loop_kept(const at::Tensor& a,
+                                                              const at::Tensor& b,
+                                                              std::vector<at::Tensor>& kept) {
+  for (int i = 0; i < kCalls; ++i) {
+    kept.push_back(at::mul(a, b));
+  }
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
-    std::fprintf(stderr, "usage: %s no_sac|floor|idle|unlisted|listed|callback|replay\n", argv[0]);
+    std::fprintf(stderr, "usage: %s no_sac|kept|floor|idle|unlisted|listed|callback|replay\n",
+                 argv[0]);
     return 2;
   }
   const std::string variant = argv[1];
@@ -44,7 +58,7 @@ int main(int argc, char** argv) {
   } else if (variant == "callback") {
     policy = sac::Policy::from_fn([](const sac::SelectiveCheckpointContext&, const c10::OperatorHandle&,
                                      c10::ArrayRef<c10::IValue>) { return false; });
-  } else if (variant != "no_sac" && variant != "floor") {
+  } else if (variant != "no_sac" && variant != "kept" && variant != "floor") {
     std::fprintf(stderr, "unknown variant %s\n", argv[1]);
     return 2;
   }
@@ -67,7 +81,13 @@ int main(int argc, char** argv) {
   for (int i = 0; i < kWarmUp; ++i) {
     at::mul(a, b);  // warm up: first-call initialisation is not measured
   }
-  measured_loop(a, b);
+  if (variant == "kept") {
+    std::vector<at::Tensor> kept;
+    kept.reserve(kCalls);
+    measured_loop_kept(a, b, kept);
+  } else {
+    measured_loop(a, b);
+  }
   active.reset();
   std::printf("%s: %d calls measured (dispatch: %s)\n", variant.c_str(), kCalls,
               floor ? "floor, sac unused"

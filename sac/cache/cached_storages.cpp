@@ -1,30 +1,38 @@
 #include <sac/cache/internal/cached_storages.h>
 
+#include <sac/base/internal/storage_key.h>
+
 #include <c10/util/Exception.h>
 
 namespace sac {
 
-void CachedStorages::add_watch(Info& info, const VersionWatch& watch) {
+bool CachedStorages::knows(const Info& info, const void* counter) {
   for (const auto& known : info.watches) {
-    if (known.identity() == watch.identity()) {
-      return;  // views share their base's counter: one watch covers them
+    if (known.identity() == counter) {
+      return true;  // views share their base's counter: one watch covers them
     }
   }
-  info.watches.push_back(watch);
+  return false;
+}
+
+void CachedStorages::add_watch(Info& info, const at::Tensor& t) {
+  if (!knows(info, version_counter_identity(t.unsafeGetTensorImpl()->version_counter()))) {
+    info.watches.emplace_back(t);
+  }
 }
 
 const c10::StorageImpl* CachedStorages::hold(const at::Tensor& t) {
-  if (!t.has_storage()) {
+  const c10::StorageImpl* storage = storage_key(t);
+  if (storage == nullptr) {
     return nullptr;
   }
-  const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
   Info& info = storages_[storage];
   ++info.slots;
   if (info.held++ == 0) {
-    info.nbytes = t.storage().nbytes();
+    info.nbytes = storage->nbytes();
     bytes_ += info.nbytes;
   }
-  add_watch(info, VersionWatch(t));
+  add_watch(info, t);
   return storage;
 }
 
@@ -67,14 +75,12 @@ void CachedStorages::release(const c10::StorageImpl* storage, bool held) {
 }
 
 bool CachedStorages::watch(const at::Tensor& t) {
-  if (storages_.empty() || !t.has_storage()) {
-    return false;
-  }
-  Info* info = storages_.find(t.storage().unsafeGetStorageImpl());
+  const c10::StorageImpl* storage = storage_key(t);
+  Info* info = storage == nullptr ? nullptr : storages_.find(storage);
   if (info == nullptr) {
     return false;
   }
-  add_watch(*info, VersionWatch(t));
+  add_watch(*info, t);
   return true;
 }
 
@@ -83,15 +89,18 @@ void CachedStorages::watch(const c10::StorageImpl* storage,
   Info* info = storages_.find(storage);
   TORCH_INTERNAL_ASSERT(info != nullptr);
   for (const auto& watch : watches) {
-    add_watch(*info, watch);
+    if (!knows(*info, watch.identity())) {
+      info->watches.push_back(watch);
+    }
   }
 }
 
 void CachedStorages::note_write(const at::Tensor& t, const c10::OperatorName* op) {
-  if (!t.has_storage()) {
+  const c10::StorageImpl* storage = storage_key(t);
+  if (storage == nullptr) {
     return;
   }
-  Info* info = storages_.find(t.storage().unsafeGetStorageImpl());
+  Info* info = storages_.find(storage);
   if (info != nullptr && info->writer == nullptr) {
     info->writer = op;
   }

@@ -79,10 +79,32 @@ void OpCache::shape_of(Call& call, c10::ArrayRef<c10::IValue> outputs, Tensors& 
   }
 }
 
+OpCache::OpCalls& OpCache::calls_of(const c10::OperatorHandle& op) {
+  const void* key = dispatch::op_key(op);
+  if (key != latest_key_) {
+    latest_calls_ = &ops_[key];
+    latest_key_ = key;
+  }
+  return *latest_calls_;
+}
+
+const OpCache::OpCalls* OpCache::calls_recorded(const c10::OperatorHandle& op) const {
+  const void* key = dispatch::op_key(op);
+  if (key == latest_key_) {
+    return latest_calls_;
+  }
+  OpCalls* calls = const_cast<PointerMap<OpCalls>&>(ops_).find(key);
+  if (calls != nullptr) {
+    latest_key_ = key;
+    latest_calls_ = calls;
+  }
+  return calls;
+}
+
 OpCache::Call& OpCache::add(const c10::OperatorHandle& op) {
-  OpCalls& calls = ops_[dispatch::op_key(op)];
+  OpCalls& calls = calls_of(op);
   Call& call = calls_.emplace_back(op, calls.size());
-  calls.emplace_back(static_cast<uint32_t>(calls_.size() - 1));
+  calls.push_back(static_cast<uint32_t>(calls_.size() - 1));
   return call;
 }
 
@@ -90,7 +112,7 @@ void OpCache::append_recompute(const c10::OperatorHandle& op,
                                c10::ArrayRef<c10::IValue> outputs,
                                std::optional<GeneratorSnapshot> generator) {
   if (!track_producers_) {
-    ops_[dispatch::op_key(op)].emplace_back(kRecomputed);
+    calls_of(op).push_back(kRecomputed);
     return;
   }
   Call& call = add(op);
@@ -110,7 +132,7 @@ void OpCache::append_recompute(const c10::OperatorHandle& op,
 }
 
 size_t OpCache::recorded_calls(const c10::OperatorHandle& op) const {
-  const OpCalls* calls = ops_.find(dispatch::op_key(op));
+  const OpCalls* calls = calls_recorded(op);
   return calls == nullptr ? 0 : calls->size();
 }
 
@@ -290,7 +312,8 @@ void OpCache::end_recording() {
 OpCache::Summary OpCache::summary() const {
   Summary summary;
   ops_.for_each([&](const void*, const OpCalls& calls) {
-    for (const uint32_t entry : calls) {
+    for (size_t index = 0; index < calls.size(); ++index) {
+      const uint32_t entry = calls[index];
       if (entry == kRecomputed || calls_[entry].state == Call::State::Recompute) {
         ++summary.recompute_calls;
         continue;
@@ -361,7 +384,7 @@ std::vector<c10::IValue> OpCache::outputs_of(Call& call, bool consume) {
 
 const OpCache::Call* OpCache::find(const c10::OperatorHandle& op, size_t call,
                                    bool& recorded) const {
-  const OpCalls* calls = ops_.find(dispatch::op_key(op));
+  const OpCalls* calls = calls_recorded(op);
   const size_t count = calls == nullptr ? 0 : calls->size();
   recorded = call < count;
   if (recorded) {
@@ -439,6 +462,8 @@ void OpCache::release_untaken() {
 
 void OpCache::clear() {
   ops_.clear();
+  latest_key_ = nullptr;
+  latest_calls_ = nullptr;
   calls_.clear();
   storages_.clear();
   producers_.clear();

@@ -1,28 +1,23 @@
 #include <sac/cache/internal/producers.h>
 
+#include <sac/base/internal/storage_key.h>
+
 #include <utility>
 
 namespace sac {
-namespace {
-
-const c10::StorageImpl* storage_of(const at::Tensor& t) {
-  return t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
-}
-
-}  // namespace
 
 void Producers::note(const c10::OperatorHandle& op, size_t index,
                      c10::ArrayRef<at::Tensor> tensors) {
   for (const at::Tensor& t : tensors) {
     if (t.has_storage()) {
-      storages_.insert_or_assign(storage_of(t),
+      storages_.insert_or_assign(storage_key(t),
                                  Info{Call{op, index}, t.storage().getWeakStorageImpl(), {}});
     }
   }
 }
 
 std::optional<Producers::Call> Producers::of(const at::Tensor& t) const {
-  const auto it = storages_.find(storage_of(t));
+  const auto it = storages_.find(storage_key(t));
   if (it == storages_.end()) {
     return std::nullopt;
   }
@@ -32,7 +27,7 @@ std::optional<Producers::Call> Producers::of(const at::Tensor& t) const {
 void Producers::forget(const c10::StorageImpl* storage) { storages_.erase(storage); }
 
 bool Producers::watch(const at::Tensor& t) {
-  const auto it = storages_.find(storage_of(t));
+  const auto it = storages_.find(storage_key(t));
   if (it == storages_.end()) {
     return false;
   }

@@ -153,28 +153,44 @@ class SuspendInterception {
   }
 }
 
-// Handles one op for `interceptor` (or runs it) and shows it to `observers`.
-// `state` is the thread's, found by the caller: noipa keeps the compiler from
-// specializing this function for it and finding it again, a call each time.
+// Handles one op for `interceptor` (or runs it) and shows it to `observers`
+// (null: none). `state` is the thread's, found by the caller: noipa keeps the
+// compiler from specializing this function for it and finding it again, a
+// call each time.
 template <c10::DispatchKey Key>
 [[gnu::noipa]] void handle(ThreadState& state, const c10::OperatorHandle& op,
                            c10::DispatchKeySet below, torch::jit::Stack* stack,
-                           OpInterceptor* interceptor, const std::vector<OpObserver*>& observers) {
+                           OpInterceptor* interceptor, const std::vector<OpObserver*>* observers) {
   // Reaching the fallback means the key is included; per-op kernels run with
   // it excluded (sac includes it only under the fallback mechanism).
   SuspendInterception suspend(state, /*fallback_key_included=*/Key == kFallbackKey);
   const ObservedOp call{op, below, interceptor};
-  if (!observers.empty()) {
-    show_before(observers, call, *stack);
+  if (observers != nullptr) {
+    show_before(*observers, call, *stack);
   }
   if (interceptor != nullptr) {
     interceptor->intercept(op, below, stack);
   } else {
     op.redispatchBoxed(below, stack);
   }
-  if (!observers.empty()) {
-    show_after(observers, call, *stack);
+  if (observers != nullptr) {
+    show_after(*observers, call, *stack);
   }
+}
+
+// An op on a thread with nothing of its own active: what a backward call
+// carried here handles it, or it just runs. Out of line: the kernel's
+// common path stays short.
+template <c10::DispatchKey Key>
+[[gnu::noinline]] void handle_carried(ThreadState& state, const c10::OperatorHandle& op,
+                                      c10::DispatchKeySet below, torch::jit::Stack* stack) {
+  if (Carried* carried = carried_to(state)) {
+    std::lock_guard<std::recursive_mutex> turn(carried->mutex);
+    handle<Key>(state, op, below, stack, carried->interceptor,
+                carried->observers.empty() ? nullptr : &carried->observers);
+    return;
+  }
+  op.redispatchBoxed(below, stack);
 }
 
 // The one boxed kernel, placed at `Key` by either mechanism.
@@ -186,20 +202,12 @@ void intercepting_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
   ThreadState& tls = tls_state;
   const ThreadState state = tls;
   if (state.observing) {
-    handle<Key>(tls, op, below, stack, state.interceptor, tls_observers);
-    return;
+    handle<Key>(tls, op, below, stack, state.interceptor, &tls_observers);
+  } else if (state.interceptor != nullptr) {
+    handle<Key>(tls, op, below, stack, state.interceptor, nullptr);
+  } else {
+    handle_carried<Key>(tls, op, below, stack);
   }
-  if (state.interceptor != nullptr) {
-    static const std::vector<OpObserver*> none;
-    handle<Key>(tls, op, below, stack, state.interceptor, none);
-    return;
-  }
-  if (Carried* carried = carried_to(state)) {
-    std::lock_guard<std::recursive_mutex> turn(carried->mutex);
-    handle<Key>(tls, op, below, stack, carried->interceptor, carried->observers);
-    return;
-  }
-  op.redispatchBoxed(below, stack);
 }
 
 // Remembers ops defined after a filter was installed; they are registered

@@ -2,30 +2,29 @@
 //
 // The op cache appends an entry per saved call, and large entries moved by a
 // growing std::vector cost more than making them; std::deque allocates a
-// block per two of them. StableVector allocates chunks of under 1 KiB and
-// constructs each element in place, so a reference stays valid until
-// clear(). The chunks stay below glibc's large requests, which first merge
-// every freed small block (malloc_consolidate): an op's own outputs leave
-// many of those.
+// block per two of them. StableVector constructs each element in place in
+// segments that double in size (the first under 1 KiB), so a reference stays
+// valid until clear(), and n elements take about log2(n) allocations.
 //
 //   StableVector<Entry> entries;
 //   Entry& entry = entries.emplace_back(args...);
 //   for (Entry& e : entries) {}  // in the order appended
 #pragma once
 
+#include <c10/util/Exception.h>
+
 #include <cstddef>
 #include <memory>
 #include <new>
 #include <utility>
-#include <vector>
 
 namespace sac {
 
 template <class T>
 class StableVector {
  public:
-  // A power of two (the index splits with a shift and a mask).
-  static constexpr size_t kChunk = [] {
+  // The first segment's size, a power of two (an index splits with shifts).
+  static constexpr size_t kFirst = [] {
     size_t n = 1;
     while (2 * n * sizeof(T) <= 992) {
       n *= 2;
@@ -40,17 +39,21 @@ class StableVector {
 
   template <class... Args>
   T& emplace_back(Args&&... args) {
-    if (size_ == chunks_.size() * kChunk) {
-      chunks_.push_back(std::unique_ptr<Chunk>(new Chunk));  // uninitialized
+    if (next_ == end_) {
+      add_segment();
     }
-    T* slot = chunks_[size_ / kChunk]->at(size_ % kChunk);
-    new (slot) T(std::forward<Args>(args)...);
+    T* slot = new (next_) T(std::forward<Args>(args)...);
+    ++next_;
     ++size_;
     return *slot;
   }
 
-  T& operator[](size_t i) { return *chunks_[i / kChunk]->at(i % kChunk); }
-  const T& operator[](size_t i) const { return *chunks_[i / kChunk]->at(i % kChunk); }
+  T& operator[](size_t i) {
+    // Segment k holds kFirst << k elements, from kFirst * (2^k - 1) on.
+    const size_t k = segment_of(i);
+    return segments_[k][i - kFirst * ((size_t{1} << k) - 1)];
+  }
+  const T& operator[](size_t i) const { return const_cast<StableVector&>(*this)[i]; }
   size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
 
@@ -58,8 +61,12 @@ class StableVector {
     for (size_t i = size_; i > 0; --i) {
       (*this)[i - 1].~T();
     }
-    size_ = 0;
-    chunks_.clear();
+    std::allocator<T> allocator;
+    for (size_t k = 0; k < segment_count_; ++k) {
+      allocator.deallocate(segments_[k], kFirst << k);
+    }
+    size_ = segment_count_ = 0;
+    next_ = end_ = nullptr;
   }
 
   template <class Self, class Element>
@@ -83,12 +90,23 @@ class StableVector {
   Iterator<const StableVector, const T> end() const { return {this, size_}; }
 
  private:
-  struct Chunk {
-    alignas(T) unsigned char bytes[kChunk * sizeof(T)];
-    T* at(size_t i) { return std::launder(reinterpret_cast<T*>(bytes) + i); }
-  };
-  std::vector<std::unique_ptr<Chunk>> chunks_;
+  static size_t segment_of(size_t i) {
+    return static_cast<size_t>(63 - __builtin_clzll(i / kFirst + 1));
+  }
+  void add_segment() {
+    TORCH_CHECK(segment_count_ < kMaxSegments, "sac: a StableVector is full");
+    const size_t n = kFirst << segment_count_;
+    next_ = segments_[segment_count_++] = std::allocator<T>().allocate(n);  // uninitialized
+    end_ = next_ + n;
+  }
+
+  // Each segment doubles: 40 hold more than any memory.
+  static constexpr size_t kMaxSegments = 40;
+  T* segments_[kMaxSegments] = {};
+  size_t segment_count_ = 0;
   size_t size_ = 0;
+  T* next_ = nullptr;  // where the next element goes, in the last segment
+  T* end_ = nullptr;   // the last segment's end
 };
 
 }  // namespace sac

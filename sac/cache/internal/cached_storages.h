@@ -71,7 +71,10 @@ class CachedStorages {
     std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> pin;
     const c10::OperatorName* writer = nullptr;  // the dispatcher's, of a registered op
   };
-  static void add_watch(Info& info, const VersionWatch& watch);
+  // Whether `info` watches the version counter whose identity is `counter`.
+  static bool knows(const Info& info, const void* counter);
+  // Watches `t`'s counter on `info`'s storage, unless known.
+  static void add_watch(Info& info, const at::Tensor& t);
   // Pins `storage` (alive now) once no slot keeps it on the device.
   static void pin(Info& info, const c10::StorageImpl* storage);
 

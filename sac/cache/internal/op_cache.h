@@ -240,10 +240,37 @@ class OpCache {
 
   // Per op, its calls in forward order: each its entry in `calls_`, or
   // kRecomputed for a recompute call recorded without one (when no
-  // producers are tracked, nothing about it is needed but its place).
+  // producers are tracked, nothing about it is needed but its place). The
+  // calls before the first with an entry are only counted: an op a policy
+  // never keeps costs a counter.
   static constexpr uint32_t kRecomputed = UINT32_MAX;
-  using OpCalls = StableVector<uint32_t>;
+  class OpCalls {
+   public:
+    size_t size() const { return count_; }
+    uint32_t operator[](size_t call) const {
+      return call < first_entry_ ? kRecomputed : entries_[call - first_entry_];
+    }
+    void push_back(uint32_t entry) {
+      if (entries_.empty() && entry == kRecomputed) {
+        ++count_;
+        first_entry_ = count_;
+        return;
+      }
+      entries_.emplace_back(entry);
+      ++count_;
+    }
 
+   private:
+    size_t count_ = 0;
+    size_t first_entry_ = 0;  // calls before it have no entry
+    StableVector<uint32_t> entries_;  // from first_entry_ on
+  };
+
+  // The calls of `op`: calls_of adds them (empty) if absent, calls_recorded
+  // returns null. The latest op found is remembered: the caching mode asks
+  // for the count of an op's calls, then appends one.
+  OpCalls& calls_of(const c10::OperatorHandle& op);
+  const OpCalls* calls_recorded(const c10::OperatorHandle& op) const;
   // The entry of call `call` of `op`, or null for a recompute call without
   // one. Sets `recorded` to false (and returns null) for one past the end of
   // a forward still recording; throws past the end of a finished forward.
@@ -274,6 +301,8 @@ class OpCache {
   std::optional<std::pair<size_t, std::string>> first_modified(const Call& call) const;
 
   PointerMap<OpCalls> ops_;  // by dispatch::op_key
+  mutable const void* latest_key_ = nullptr;  // see calls_of
+  mutable OpCalls* latest_calls_ = nullptr;
   StableVector<Call> calls_;  // the entries, in the order recorded
   CachedStorages storages_;
   Producers producers_;  // while tracking producers
