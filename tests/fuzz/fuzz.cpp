@@ -324,7 +324,7 @@ std::pair<const char*, const char*> op_name(Op op) {
     case Op::Addmm: return {"addmm", ""};
     case Op::View: return {"view", ""};
     case Op::Reshape: return {"reshape", ""};
-    case Op::TransposeMix: return {"transpose_copy", "a.transpose(0,1).contiguous().transpose(0,1)"};
+    case Op::TransposeMix: return {"transpose_copy", "a.transpose(0,1).clone(contiguous).transpose(0,1)"};
     case Op::Narrow: return {"narrow", "a.narrow(-1, start, length)"};
     case Op::SelectUnsqueeze: return {"select_unsqueeze", "a.select(0, index).unsqueeze(0)"};
     case Op::Expand: return {"expand", ""};
@@ -1808,7 +1808,12 @@ class Runner {
         break;
       }
       case Op::TransposeMix:
-        set(0, in(0).dim() == 2 ? in(0).t().contiguous().t() : in(0).transpose(0, 1).contiguous().transpose(0, 1));
+        // clone, not contiguous(): the transpose of a value that is itself a
+        // transpose_copy is contiguous, and contiguous() would return it, an
+        // alias the generator does not know of.
+        set(0, in(0).dim() == 2
+                   ? in(0).t().clone(at::MemoryFormat::Contiguous).t()
+                   : in(0).transpose(0, 1).clone(at::MemoryFormat::Contiguous).transpose(0, 1));
         break;
       case Op::Narrow: set(0, in(0).narrow(-1, s.ints[0], s.ints[1])); break;
       case Op::SelectUnsqueeze: set(0, in(0).select(0, s.ints[0]).unsqueeze(0)); break;
