@@ -103,12 +103,10 @@ void SelectiveMode::exit() {
   }
 }
 
-SelectiveMode::OpFacts SelectiveMode::facts(const c10::OperatorHandle& op) {
-  auto [facts, added] = facts_.try_emplace(dispatch::op_key(op));
-  if (added) {
-    facts = OpFacts{policy_.decides_about(op), policy::issues_collective(op), is_tag(op),
-                    policy::is_random(op)};
-  }
+SelectiveMode::OpFacts SelectiveMode::learn(const c10::OperatorHandle& op) {
+  const OpFacts facts{policy_.decides_about(op), policy::issues_collective(op), is_tag(op),
+                      policy::is_random(op)};
+  facts_[dispatch::op_key(op)] = facts;
   return facts;
 }
 

@@ -51,6 +51,7 @@
 #include <sac/cache/internal/op_cache.h>
 #include <sac/cache/selective_modes.h>
 #include <sac/cache/statistics.h>
+#include <sac/dispatch/internal/boxed.h>
 #include <sac/dispatch/internal/interceptor.h>
 #include <sac/policy/policy.h>
 
@@ -91,7 +92,13 @@ class SelectiveMode : public RegionContext, protected dispatch::OpInterceptor {
     bool tag;         // sac::tag
     bool random;      // it draws from a generator (policy::is_random)
   };
-  OpFacts facts(const c10::OperatorHandle& op);
+  OpFacts facts(const c10::OperatorHandle& op) {
+    if (const OpFacts* known = facts_.find(dispatch::op_key(op))) {
+      return *known;
+    }
+    return learn(op);
+  }
+  OpFacts learn(const c10::OperatorHandle& op);
 
   Policy policy_;
   std::shared_ptr<OpCache> cache_;
