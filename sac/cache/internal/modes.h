@@ -58,7 +58,6 @@
 #include <chrono>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
