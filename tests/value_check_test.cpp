@@ -178,6 +178,22 @@ sac::CheckpointOptions with_check(DeterminismCheck check) {
   return sac::CheckpointOptions().determinism_check(check);
 }
 
+// Runs `entry` without the value check (expects silently wrong gradients)
+// and then with it; returns the second run, whose error the test reads.
+// `between` runs between forward and backward, `after` after each run.
+Outcome only_the_value_check_catches(const ProgramRuns& run, Entry entry, const at::Tensor& x,
+                                     const std::vector<at::Tensor>& expected,
+                                     const std::function<void()>& between = [] {},
+                                     const std::function<void()>& after = [] {}) {
+  const Outcome unchecked =
+      run.checkpointed(entry, with_check(DeterminismCheck::Default), x, between);
+  after();
+  expect_silently_wrong(expected, unchecked);
+  Outcome checked = run.checkpointed(entry, with_check(DeterminismCheck::Values), x, between);
+  after();
+  return checked;
+}
+
 void expect_contains(const std::string& message, const std::string& part) {
   EXPECT_NE(message.find(part), std::string::npos) << "expected \"" << part << "\" in:\n"
                                                    << message;
@@ -203,13 +219,7 @@ TEST_P(ValueCheck, AWriteThroughDataPtrBehindAutogradIsNamed) {
   auto undo = [&] { scale.data_ptr<float>()[3] -= 1.0f; };
   for (const Entry entry : entries()) {
     SCOPED_TRACE(name_of(entry));
-    const Outcome unchecked =
-        run.checkpointed(entry, with_check(DeterminismCheck::Default), x, write);
-    undo();
-    expect_silently_wrong(expected, unchecked);
-
-    const Outcome checked = run.checkpointed(entry, with_check(DeterminismCheck::Values), x, write);
-    undo();
+    const Outcome checked = only_the_value_check_catches(run, entry, x, expected, write, undo);
     expect_contains(checked.error, "gave a different value than its forward to tensor 3 of the 4");
     expect_contains(checked.error, "not made in the region (an input, a parameter, a buffer");
     expect_contains(checked.error, "saved for backward by aten::mul");
@@ -231,10 +241,7 @@ TEST_P(ValueCheck, AnOpThatDrawsFromItsOwnStateIsNamed) {
   const auto expected = run.plain(x);
   for (const Entry entry : entries()) {
     SCOPED_TRACE(name_of(entry));
-    const Outcome unchecked = run.checkpointed(entry, with_check(DeterminismCheck::Default), x);
-    expect_silently_wrong(expected, unchecked);
-
-    const Outcome checked = run.checkpointed(entry, with_check(DeterminismCheck::Values), x);
+    const Outcome checked = only_the_value_check_catches(run, entry, x, expected);
     expect_contains(checked.error, "made by sac_values_test::drift (its call 0 in the region), "
                                    "saved for backward by aten::mul");
     expect_contains(checked.error,
@@ -262,10 +269,7 @@ TEST_P(ValueCheck, ARouterWhoseTopKFlipsIsNamedAndKeepingItIsExact) {
   const sac::Policy keep_routes = sac::any_of({sac::nothing_saveable(), sac::shape_deciding_ops()});
   for (const Entry entry : entries()) {
     SCOPED_TRACE(name_of(entry));
-    const Outcome unchecked = run.checkpointed(entry, with_check(DeterminismCheck::Default), x);
-    expect_silently_wrong(expected, unchecked);
-
-    const Outcome checked = run.checkpointed(entry, with_check(DeterminismCheck::Values), x);
+    const Outcome checked = only_the_value_check_catches(run, entry, x, expected);
     expect_contains(checked.error, "made by aten::topk (its call 0 in the region), saved for "
                                    "backward by aten::index_select");
 

@@ -1,5 +1,7 @@
 #include <sac/checkpoint/internal/debug_log.h>
 
+#include <sac/checkpoint/internal/callback_stack.h>
+
 #include <ATen/record_function.h>
 #include <c10/util/Backtrace.h>
 
@@ -11,14 +13,16 @@ struct ActiveLog {
   bool backtraces;
 };
 
-thread_local std::vector<ActiveLog> tls_logs;
-thread_local at::CallbackHandle tls_callback = at::INVALID_CALLBACK_HANDLE;
+std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn);
+
+thread_local CallbackStack<ActiveLog> tls_logs(
+    at::RecordFunctionCallback(&on_op_start).scopes({at::RecordScope::FUNCTION}));
 
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
-  if (tls_logs.empty()) {
+  if (tls_logs.items().empty()) {
     return nullptr;
   }
-  const ActiveLog& active = tls_logs.back();
+  const ActiveLog& active = tls_logs.items().back();
   active.log->append(fn.name(), active.backtraces
                                     ? c10::get_backtrace(/*frames_to_skip=*/2)
                                     : std::string());
@@ -57,21 +61,8 @@ std::string OpLog::traces(const std::string& label) const {
   return out;
 }
 
-OpLogScope::OpLogScope(OpLog& log, bool backtraces) {
-  if (tls_logs.empty()) {
-    tls_callback = at::addThreadLocalCallback(
-        at::RecordFunctionCallback(&on_op_start)
-            .scopes({at::RecordScope::FUNCTION}));
-  }
-  tls_logs.push_back({&log, backtraces});
-}
+OpLogScope::OpLogScope(OpLog& log, bool backtraces) { tls_logs.push({&log, backtraces}); }
 
-OpLogScope::~OpLogScope() {
-  tls_logs.pop_back();
-  if (tls_logs.empty()) {
-    at::removeCallback(tls_callback);
-    tls_callback = at::INVALID_CALLBACK_HANDLE;
-  }
-}
+OpLogScope::~OpLogScope() { tls_logs.pop(); }
 
 }  // namespace sac::detail

@@ -1,5 +1,7 @@
 #include <sac/checkpoint/internal/value_check.h>
 
+#include <sac/base/internal/storage_key.h>
+#include <sac/checkpoint/internal/callback_stack.h>
 #include <sac/dispatch/internal/boxed.h>
 #include <sac/dispatch/internal/interceptor.h>
 #include <sac/policy/internal/op_traits.h>
@@ -130,9 +132,6 @@ at::Tensor hash_with_ops(const at::Tensor& t) {
                     mixed(placed, int64_t{0x5851F42D4C957F2D}).sum()});
 }
 
-thread_local std::vector<OpOrigins*> tls_origins;
-thread_local at::CallbackHandle tls_origin_callback = at::INVALID_CALLBACK_HANDLE;
-
 }  // namespace
 
 void checksum_with_tensor_ops_for_testing(bool on) { with_tensor_ops = on; }
@@ -189,15 +188,23 @@ std::string ValueChecksum::str() const {
 
 namespace {
 
+std::unique_ptr<at::ObserverContext> on_origin_start(const at::RecordFunction& fn);
+void on_origin_end(const at::RecordFunction& fn, at::ObserverContext*);
+
+thread_local CallbackStack<OpOrigins*> tls_origins(
+    at::RecordFunctionCallback(&on_origin_start, &on_origin_end)
+        .needsOutputs(true)
+        .scopes({at::RecordScope::FUNCTION}));
+
 std::unique_ptr<at::ObserverContext> on_origin_start(const at::RecordFunction& fn) {
-  for (OpOrigins* origins : tls_origins) {
+  for (OpOrigins* origins : tls_origins.items()) {
     origins->note_running(fn.name());
   }
   return nullptr;
 }
 
 void on_origin_end(const at::RecordFunction& fn, at::ObserverContext*) {
-  for (OpOrigins* origins : tls_origins) {
+  for (OpOrigins* origins : tls_origins.items()) {
     origins->note_outputs(fn.name(), fn.operator_name(), fn.outputs());
   }
 }
@@ -224,8 +231,8 @@ void OpOrigins::note_outputs(const char* op, const std::optional<c10::OperatorNa
   }
   for (const c10::IValue& output : outputs) {
     dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
-      if (t.has_storage()) {
-        by_storage_[t.storage().unsafeGetStorageImpl()] = {op, call};
+      if (const c10::StorageImpl* storage = storage_key(t)) {
+        by_storage_[storage] = {op, call};
       }
     });
   }
@@ -233,11 +240,9 @@ void OpOrigins::note_outputs(const char* op, const std::optional<c10::OperatorNa
 
 SavedOrigin OpOrigins::of(const at::Tensor& saved) const {
   SavedOrigin origin;
-  if (saved.has_storage()) {
-    const auto it = by_storage_.find(saved.storage().unsafeGetStorageImpl());
-    if (it != by_storage_.end()) {
-      origin.made = it->second;
-    }
+  const auto it = by_storage_.find(storage_key(saved));
+  if (it != by_storage_.end()) {
+    origin.made = it->second;
   }
   if (!running_.empty()) {
     origin.saver = running_.back();
@@ -253,22 +258,8 @@ std::string SavedOrigin::describe() const {
   return saver.empty() ? out : out + ", saved for backward by " + saver;
 }
 
-OriginScope::OriginScope(OpOrigins& origins) {
-  if (tls_origins.empty()) {
-    tls_origin_callback = at::addThreadLocalCallback(
-        at::RecordFunctionCallback(&on_origin_start, &on_origin_end)
-            .needsOutputs(true)
-            .scopes({at::RecordScope::FUNCTION}));
-  }
-  tls_origins.push_back(&origins);
-}
+OriginScope::OriginScope(OpOrigins& origins) { tls_origins.push(&origins); }
 
-OriginScope::~OriginScope() {
-  tls_origins.pop_back();
-  if (tls_origins.empty()) {
-    at::removeCallback(tls_origin_callback);
-    tls_origin_callback = at::INVALID_CALLBACK_HANDLE;
-  }
-}
+OriginScope::~OriginScope() { tls_origins.pop(); }
 
 }  // namespace sac::detail
