@@ -11,6 +11,8 @@
 
 #include <sac/checkpoint/internal/value_check.h>
 #include <sac/dispatch/internal/interceptor.h>
+#include <sac/nn/apply_activation_checkpointing.h>
+#include <sac/nn/checkpoint_wrapper.h>
 #include <sac/sac.h>
 
 #include <gtest/gtest.h>
