@@ -67,8 +67,9 @@ struct GptBlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(GptBlock);
 
-// A CPU allocator that counts live bytes exactly. Installed for the whole
-// process on first use; only allocations made after that are counted.
+// A CPU allocator that counts live bytes exactly, and reports each block to
+// c10's memory reporting. Installed for the whole process on first use; only
+// allocations made after that are counted.
 class CountingAllocator final : public c10::Allocator {
  public:
   static void install() {
@@ -82,8 +83,14 @@ class CountingAllocator final : public c10::Allocator {
   static int64_t live_bytes() { return live().load(); }
   static int64_t peak_bytes() { return peak().load(); }
   static void reset_peak() { peak().store(live().load()); }
+  // Counts (and reports) each block rounded up to a multiple of `bytes`, as
+  // CUDA's caching allocator rounds its blocks to 512 bytes; 1 counts exact
+  // sizes. Blocks keep the size they were counted with.
+  static void round_to(size_t bytes) { rounding().store(bytes == 0 ? 1 : bytes); }
 
-  c10::DataPtr allocate(size_t bytes) override {
+  c10::DataPtr allocate(size_t requested) override {
+    const size_t unit = rounding().load();
+    const size_t bytes = (requested + unit - 1) / unit * unit;
     // The size lives in a header before the data: LibTorch's raw_allocate
     // needs the context to be the data pointer itself.
     auto* base = static_cast<char*>(c10::alloc_cpu(bytes + kHeader));
@@ -93,6 +100,7 @@ class CountingAllocator final : public c10::Allocator {
     while (now > high && !peak().compare_exchange_weak(high, now)) {
     }
     void* data = base + kHeader;
+    report(data, static_cast<int64_t>(bytes), now);
     return {data, data, &free_counted, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &free_counted; }
@@ -110,10 +118,23 @@ class CountingAllocator final : public c10::Allocator {
     static std::atomic<int64_t> bytes{0};
     return bytes;
   }
+  static std::atomic<size_t>& rounding() {
+    static std::atomic<size_t> bytes{1};
+    return bytes;
+  }
   static void free_counted(void* data) {
     char* base = static_cast<char*>(data) - kHeader;
-    live().fetch_sub(static_cast<int64_t>(*reinterpret_cast<size_t*>(base)));
+    const auto bytes = static_cast<int64_t>(*reinterpret_cast<size_t*>(base));
+    report(data, -bytes, live().fetch_sub(bytes) - bytes);
     c10::free_cpu(base);
+  }
+  // To c10's memory reporting, as c10's own CPU allocator does, so that
+  // PyTorch's memory profiler and sac::measure_step_phases hear each block.
+  static void report(void* data, int64_t bytes, int64_t live_now) {
+    if (c10::memoryProfilingEnabled()) {
+      c10::reportMemoryUsageToProfiler(data, bytes, static_cast<size_t>(live_now), 0,
+                                       c10::Device(c10::DeviceType::CPU));
+    }
   }
 };
 

@@ -20,21 +20,16 @@
 namespace {
 
 using sac_test::CountingAllocator;
+using sac_test::counting_probe;
 using sac_test::GptBlock;
 
 class Peak : public ::testing::Test {
  protected:
   void SetUp() override {
     sac_test::expect_configured_mechanism();
-    CountingAllocator::install();
-    at::set_num_threads(1);
+    counting_probe();  // installs the counting allocator
   }
 };
-
-sac::MemoryProbe counting_probe() {
-  return {[] { return CountingAllocator::live_bytes(); },
-          [] { return CountingAllocator::peak_bytes(); }, [] { CountingAllocator::reset_peak(); }};
-}
 
 // Four GPT blocks, each one region.
 struct Model {

@@ -22,6 +22,15 @@ using sac_examples::CountingAllocator;
 using sac_examples::GptBlock;
 using sac_examples::Mlp;
 
+// The counting allocator as a sac::MemoryProbe (sac/lab/peak.h), installed
+// and with one intra-op thread: what the step-peak tests measure with.
+inline sac::MemoryProbe counting_probe() {
+  CountingAllocator::install();
+  at::set_num_threads(1);
+  return {[] { return CountingAllocator::live_bytes(); },
+          [] { return CountingAllocator::peak_bytes(); }, [] { CountingAllocator::reset_peak(); }};
+}
+
 // Seeds the CPU generator, runs `forward`, backpropagates its sum, and
 // returns [output, d(sum)/d(inputs)..., d(sum)/d(params)...]. Grads are
 // computed with torch::autograd::grad (nothing accumulates in .grad).

@@ -11,6 +11,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace py = pybind11;
@@ -50,6 +51,7 @@ const char* outcome_name(ExplainedCall::Outcome outcome) {
     case ExplainedCall::Outcome::Saved: return "saved";
     case ExplainedCall::Outcome::Offloaded: return "offloaded";
     case ExplainedCall::Outcome::Recomputed: return "recomputed";
+    case ExplainedCall::Outcome::Demoted: return "demoted";
   }
   return "?";
 }
@@ -117,6 +119,17 @@ void add_lab(py::module_& m) {
   py::class_<BudgetedPlan>(m, "BudgetedPlan", "One budget shared by several regions.")
       .def_readonly("policies", &BudgetedPlan::policies)
       .def_readonly("budget_bytes", &BudgetedPlan::budget_bytes)
+      .def_property_readonly("kept_calls", [](const BudgetedPlan& p) {
+        // Per region, (op, call index, bytes) of each call it keeps.
+        std::vector<std::vector<std::tuple<std::string, size_t, int64_t>>> out;
+        for (const auto& region : p.kept_calls) {
+          auto& calls = out.emplace_back();
+          for (const KeptCall& k : region) {
+            calls.emplace_back(c10::toString(k.op.operator_name()), k.call, k.bytes);
+          }
+        }
+        return out;
+      })
       .def_readonly("kept_bytes", &BudgetedPlan::kept_bytes)
       .def_readonly("recompute_seconds", &BudgetedPlan::recompute_seconds)
       .def_readonly("exact", &BudgetedPlan::exact)
@@ -152,6 +165,42 @@ void add_lab(py::module_& m) {
       .def("recompute_seconds", &Explanation::recompute_seconds)
       .def("__str__", [](const Explanation& e) { return printed(e); });
   m.def("explain", &explain, py::arg("policy"), py::arg("region"));
+
+  py::class_<PeakPlan>(m, "PeakPlan", "The plan of least recomputation under a peak budget.")
+      .def_readonly("plan", &PeakPlan::plan)
+      .def_property_readonly("policies", [](const PeakPlan& p) { return p.plan.policies; })
+      .def_readonly("peak_budget", &PeakPlan::peak_budget)
+      .def_readonly("predicted_peak", &PeakPlan::predicted_peak)
+      .def_readonly("exact", &PeakPlan::exact)
+      .def_readonly("gap_seconds", &PeakPlan::gap_seconds)
+      .def_readonly("solver_seconds", &PeakPlan::solver_seconds);
+  py::class_<StepPhases>(m, "StepPhases",
+                         "A training step's allocations, recorded under full recomputation: "
+                         "what the peak of a step under any plan is predicted from.")
+      .def_property_readonly("regions", &StepPhases::regions)
+      .def_property_readonly("events", &StepPhases::events)
+      .def("peak", &StepPhases::peak)
+      .def("predict_peak", [](const StepPhases& p, const BudgetedPlan& plan) {
+             return p.predict_peak(plan);
+           }, py::arg("plan"))
+      .def("predict_peak_of", [](const StepPhases& p, const std::vector<Explanation>& regions) {
+             std::vector<std::vector<KeptCall>> kept;
+             for (const Explanation& e : regions) {
+               kept.push_back(e.kept_calls());
+             }
+             return p.predict_peak(kept);
+           }, py::arg("explanations"))
+      .def("plan_for_peak", [](const StepPhases& p, const std::vector<RegionProfile>& profiles,
+                               int64_t peak_bytes) { return p.plan_for_peak(profiles, peak_bytes); },
+           py::arg("profiles"), py::arg("peak_bytes"))
+      .def("__str__", [](const StepPhases& p) { return printed(p, nullptr); });
+  m.def("measure_step_phases",
+        [](const std::function<void()>& step, const std::function<int64_t()>& live,
+           const std::function<int64_t()>& peak, const std::function<void()>& reset_peak) {
+          return measure_step_phases(MemoryProbe{live, peak, reset_peak}, step);
+        },
+        py::arg("step"), py::kw_only(), py::arg("live"), py::arg("peak"),
+        py::arg("reset_peak"));
 }
 
 }  // namespace sac::python

@@ -6,6 +6,7 @@
 #include "python_policy.h"
 
 #include <sac/sac.h>
+#include <sac/base/internal/region_events.h>
 
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -23,30 +24,61 @@ namespace py = pybind11;
 namespace sac::python {
 namespace {
 
+// The region a pair of modes serves inside PyTorch's checkpoint, which
+// tells sac's region events (sac/base/internal/region_events.h) nothing: the
+// modes tell them as sac's own frame would, so that a step's memory can be
+// recorded (sac/lab/peak.h). It dies with the last of the pair, after the
+// cache they share: the region's release.
+struct DoorRegion {
+  DoorRegion() = default;
+  DoorRegion(const DoorRegion&) = delete;
+  DoorRegion& operator=(const DoorRegion&) = delete;
+  ~DoorRegion() {
+    if (detail::RegionEvents* events = detail::region_events()) {
+      events->released(this);
+    }
+  }
+};
+
 // One of the two modes as a Python context manager, which is what
 // torch.utils.checkpoint's context_fn returns. An exit without an entry is
 // an error here, not a corrupted mode stack.
 class Mode {
  public:
-  Mode(std::shared_ptr<RegionContext> context, std::string name)
-      : context_(std::move(context)), name_(std::move(name)) {}
+  enum class Kind { Caching, Cached };
+  Mode(std::shared_ptr<DoorRegion> region, std::shared_ptr<RegionContext> context, Kind kind)
+      : region_(std::move(region)), context_(std::move(context)), kind_(kind) {}
 
   void enter() {
+    detail::RegionEvents* events = entered_ == 0 ? detail::region_events() : nullptr;
+    if (events != nullptr && kind_ == Kind::Cached) {
+      events->recomputation_began(region_.get());
+    }
     context_->enter();
     ++entered_;
+    if (events != nullptr && kind_ == Kind::Caching) {
+      events->forward_began(region_.get());
+    }
   }
   void exit() {
-    TORCH_CHECK(entered_ > 0, "sac: the ", name_,
+    TORCH_CHECK(entered_ > 0, "sac: the ", name(),
                 " mode was exited without being entered; use it as a context manager "
                 "(`with mode:`) or call __enter__ before __exit__.");
     --entered_;
     context_->exit();
+    detail::RegionEvents* events = entered_ == 0 ? detail::region_events() : nullptr;
+    if (events != nullptr) {
+      kind_ == Kind::Caching ? events->forward_ended(region_.get())
+                             : events->recomputation_ended(region_.get());
+    }
   }
-  const std::string& name() const { return name_; }
+  const char* name() const { return kind_ == Kind::Caching ? "caching" : "cached"; }
 
  private:
+  // Declared first: destroyed after the context (see DoorRegion).
+  std::shared_ptr<DoorRegion> region_;
   std::shared_ptr<RegionContext> context_;
-  std::string name_;
+  Kind kind_;
   int entered_ = 0;
 };
 
@@ -78,7 +110,9 @@ py::tuple contexts(const Policy& policy, bool allow_cache_entry_mutation,
                    std::shared_ptr<RegionStatistics> statistics) {
   SelectiveCheckpointContexts pair = create_selective_checkpoint_contexts(
       policy, allow_cache_entry_mutation, /*offload_to=*/nullptr, std::move(statistics));
-  return py::make_tuple(Mode(pair.caching, "caching"), Mode(pair.cached, "cached"));
+  auto region = std::make_shared<DoorRegion>();
+  return py::make_tuple(Mode(region, pair.caching, Mode::Kind::Caching),
+                        Mode(region, pair.cached, Mode::Kind::Cached));
 }
 
 }  // namespace
@@ -121,7 +155,7 @@ PYBIND11_MODULE(_C, m) {
         return false;
         END_HANDLE_TH_ERRORS_PYBIND
       })
-      .def("__repr__", [](const Mode& mode) { return "<sac " + mode.name() + " mode>"; });
+      .def("__repr__", [](const Mode& mode) { return std::string("<sac ") + mode.name() + " mode>"; });
 
   py::class_<sac::python::Region>(m, "Region", "sac::CheckpointRegion, as a context manager.")
       .def(py::init([](std::optional<Policy> policy, bool preserve_rng_state, bool debug,

@@ -21,6 +21,7 @@ replaying its aten ops (sac::CheckpointRegion): no function to wrap.
 """
 import collections
 import functools
+import itertools
 
 import torch
 from torch.utils.checkpoint import CheckpointPolicy
@@ -36,9 +37,11 @@ from . import _C  # noqa: E402  (after torch: libtorch must be loaded first)
 from ._C import (  # noqa: E402,F401
     BudgetedPlan,
     Explanation,
+    PeakPlan,
     Policy,
     Profile,
     Statistics,
+    StepPhases,
     budgeted_plan,
     budgeted_policy,
     all_of,
@@ -212,3 +215,38 @@ def explain(policy, region):
     """What `policy` does with `region` (a function of no arguments, run once
     under the policy's caching mode), call by call: a sac.Explanation."""
     return _C.explain(as_policy(policy), region)
+
+
+def measure_step(step, *, live, peak, reset_peak):
+    """One training step (`step`: a function of no arguments that runs the
+    forward and the backward), recorded allocation by allocation from c10's
+    memory reporting, with each checkpointed region placed in it: a
+    sac.StepPhases, which predicts the step's peak under any plan
+    (`predict_peak(plan)`, `predict_peak_of(explanations)`) and plans for a
+    peak budget (`plan_for_peak(profiles, peak_bytes)`; see docs/lab.md).
+    Every region must keep nothing: checkpoint them with
+    sac.context_fn(sac.nothing_saveable()) (or sac.region()). `live`, `peak`
+    and `reset_peak` read the allocator's counters (bytes live now, the peak
+    since the last reset, and resetting it); its allocations must reach c10's
+    memory reporting, as the counting allocator's of
+    benchmarks/counting_allocator.cpp do. Run it with the garbage collector
+    off (a collection inside frees other steps' memory)."""
+    return _C.measure_step_phases(step, live=live, peak=peak, reset_peak=reset_peak)
+
+
+def in_order(policies, allow_cache_entry_mutation=False):
+    """A context_fn for torch.utils.checkpoint that gives each checkpointed
+    call the next of `policies` (a plan's, one per region, in the order the
+    regions' forwards run), starting over after the last: for a model whose
+    layers are checkpointed one by one (Hugging Face's
+    gradient_checkpointing_enable)."""
+    policies = [as_policy(p) for p in policies]
+    if not policies:
+        raise ValueError("sac.in_order: give at least one policy, one per region.")
+    calls = itertools.count()
+
+    def context_fn():
+        return _contexts(policies[next(calls) % len(policies)], allow_cache_entry_mutation,
+                         None)
+
+    return context_fn

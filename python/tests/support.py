@@ -1,9 +1,13 @@
-"""What the package's tests share: a small block of ops and its leaves, a
-window without garbage collection for counting bytes, and a function run on
-several threads at once."""
+"""What the package's tests share: a small block of ops and its leaves, the
+counting allocator, a window without garbage collection for counting bytes,
+and a function run on several threads at once."""
 import contextlib
+import ctypes
 import gc
+import os
 import threading
+
+import pytest
 
 import torch
 
@@ -55,3 +59,19 @@ def on_threads(fn, threads=4, times=10):
         raise errors[0]
     assert len(results) == threads * times
     return results
+
+
+def counting_allocator():
+    """The counting allocator (benchmarks/counting_allocator.cpp, as the C++
+    benchmarks count with it), installed as the CPU allocator; the calling
+    test module is skipped without it."""
+    library = os.environ.get("SAC_COUNTING_ALLOCATOR")
+    if not library:
+        pytest.skip("SAC_COUNTING_ALLOCATOR names no counting allocator library "
+                    "(.ci/python sets it to the build's benchmarks/libsac_counting_allocator.so)",
+                    allow_module_level=True)
+    counting = ctypes.CDLL(library)
+    counting.sac_counting_live_bytes.restype = ctypes.c_int64
+    counting.sac_counting_peak_bytes.restype = ctypes.c_int64
+    counting.sac_counting_install()
+    return counting

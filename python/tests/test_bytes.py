@@ -1,9 +1,7 @@
 """Bytes kept after the forward, counted by one allocator (benchmarks/
 counting_allocator.cpp, as the C++ benchmarks count them): sac's modes keep
 exactly what PyTorch's SAC keeps with the same op list."""
-import ctypes
 import functools
-import os
 
 import pytest
 import torch
@@ -11,17 +9,10 @@ from torch.utils.checkpoint import create_selective_checkpoint_contexts as torch
 
 import sac
 import test_models as models
-from support import no_collection
+from support import counting_allocator, no_collection
 from test_region import needs_fallback
 
-LIBRARY = os.environ.get("SAC_COUNTING_ALLOCATOR")
-if not LIBRARY:
-    pytest.skip("SAC_COUNTING_ALLOCATOR names no counting allocator library "
-                "(.ci/python sets it to the build's benchmarks/libsac_counting_allocator.so)",
-                allow_module_level=True)
-counting = ctypes.CDLL(LIBRARY)
-counting.sac_counting_live_bytes.restype = ctypes.c_int64
-counting.sac_counting_install()
+counting = counting_allocator()
 
 
 def kept_after_forward(model, batch, context_fn):

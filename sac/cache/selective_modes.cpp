@@ -1,6 +1,7 @@
 #include <sac/cache/internal/modes.h>
 
 #include <sac/base/internal/generators.h>
+#include <sac/base/internal/region_events.h>
 
 #include <sac/base/internal/stash.h>
 #include <sac/dispatch/internal/boxed.h>
@@ -136,6 +137,9 @@ void CachingMode::on_outermost_exit() {
   report_untagged_names();
   cache_->end_recording();
   report_demotions();
+  if (detail::RegionEvents* events = detail::region_events()) {
+    events->outputs_kept(cache_->saved_calls() + cache_->demoted_calls());
+  }
   if (statistics_ != nullptr) {
     add_statistics();
   }

@@ -143,6 +143,9 @@ void CheckpointFrame::release() {
       context->release();
     }
   }
+  if (RegionEvents* events = region_events()) {
+    events->released(this);
+  }
 }
 
 SavedTensorHooksFactory CheckpointFrame::forward_hooks() {
@@ -215,9 +218,6 @@ at::Tensor CheckpointFrame::unpack_unchecked(Holder& holder) {
 void CheckpointFrame::recompute(int64_t graph_task) {
   // Each recomputation is "sac::recompute" in the PyTorch profiler.
   ProfilerScope scope("sac::recompute");
-  if (RegionEvents* events = region_events()) {
-    events->recomputation_began(this);
-  }
   // A backward inside an enclosing region's forward can start this
   // recomputation while that region's modes are active on the thread; they
   // must not see (and record) its ops, which the ordinary backward's
@@ -225,17 +225,27 @@ void CheckpointFrame::recompute(int64_t graph_task) {
   // held by an enclosing region, whose recomputation the pass's start
   // begins: isolated too, and before this region's state is restored.
   dispatch::IsolationGuard isolate;
+  // After the isolation: a listener may observe the recomputation's ops.
+  if (RegionEvents* events = region_events()) {
+    events->recomputation_began(this);
+  }
   std::unique_ptr<Recomputation::Pass> pass = recomputation_->begin(*this, graph_task);
   ForwardState::Restore forward_state(forward_state_);
-  ContextScope context(contexts_.recompute.get());
-  std::optional<OpLogScope> log;
-  if (config_.debug) {
-    recompute_log_.clear();
-    log.emplace(recompute_log_, config_.debug_backtraces);
+  {
+    ContextScope context(contexts_.recompute.get());
+    std::optional<OpLogScope> log;
+    if (config_.debug) {
+      recompute_log_.clear();
+      log.emplace(recompute_log_, config_.debug_backtraces);
+    }
+    try {
+      pass->run();
+    } catch (const StopRecomputation&) {
+    }
   }
-  try {
-    pass->run();
-  } catch (const StopRecomputation&) {
+  // The recompute context has exited: what it did not take is released.
+  if (RegionEvents* events = region_events()) {
+    events->recomputation_ended(this);
   }
 }
 

@@ -576,6 +576,10 @@ void remove_observer(OpObserver* observer) {
   sync_fallback_key(tls_state);
 }
 
+bool is_observing(const OpObserver* observer) {
+  return std::find(tls_observers.begin(), tls_observers.end(), observer) != tls_observers.end();
+}
+
 OpInterceptor* active_interceptor() {
   if (tls_state.interceptor != nullptr) {
     return tls_state.interceptor;

@@ -67,6 +67,11 @@ struct KeptCall {
   c10::OperatorHandle op;
   size_t call = 0;
   int64_t bytes = 0;
+  // Saved, then modified in place later in the forward: the cache holds its
+  // storage until the forward ends and then drops it (a demotion); it keeps
+  // no bytes for the recomputation. explain() reports these; budgeted
+  // plans never keep such calls.
+  bool demoted = false;
 };
 
 struct BudgetedPlan {

@@ -50,6 +50,7 @@ const char* to_string(ExplainedCall::Outcome outcome) {
     case ExplainedCall::Outcome::Saved: return "saved";
     case ExplainedCall::Outcome::Offloaded: return "offloaded";
     case ExplainedCall::Outcome::Recomputed: return "recomputed";
+    case ExplainedCall::Outcome::Demoted: return "demoted";
   }
   return "?";
 }
@@ -66,21 +67,27 @@ class NoCopies final : public CopyTarget {
 }  // namespace
 
 std::vector<KeptCall> Explanation::kept_calls() const {
-  std::vector<bool> counted(calls_.size(), false);
+  std::vector<bool> counted(calls_.size(), false);  // storages, at their maker
   std::vector<KeptCall> kept;
-  auto keep = [&](size_t i) {
-    if (!counted[i]) {
-      counted[i] = true;
-      kept.push_back({calls_[i].profile.op, calls_[i].profile.call, calls_[i].profile.output_bytes});
-    }
-  };
   for (size_t i = 0; i < calls_.size(); ++i) {
-    if (calls_[i].outcome == ExplainedCall::Outcome::Saved) {
-      for (const size_t maker : calls_[i].profile.shares_storage_with) {
-        keep(maker);
-      }
-      keep(i);
+    const ExplainedCall& c = calls_[i];
+    if (c.outcome == ExplainedCall::Outcome::Demoted) {
+      kept.push_back({c.profile.op, c.profile.call, 0, /*demoted=*/true});
     }
+    if (c.outcome != ExplainedCall::Outcome::Saved) {
+      continue;
+    }
+    int64_t bytes = 0;
+    const std::vector<size_t> own{i};
+    for (const size_t maker : c.profile.shares_storage_with.empty()
+                                  ? own
+                                  : c.profile.shares_storage_with) {
+      if (!counted[maker]) {
+        counted[maker] = true;
+        bytes += calls_[maker].profile.output_bytes;
+      }
+    }
+    kept.push_back({c.profile.op, c.profile.call, bytes});
   }
   return kept;
 }
@@ -139,6 +146,14 @@ Explanation explain(const Policy& policy, const std::function<void()>& region) {
         region();
       },
       /*runs=*/1);
+  auto demoted = [&](const c10::OperatorHandle& op, size_t call) {
+    for (const auto& d : contexts.cache->demotions()) {
+      if (d.call == call && d.op == op.operator_name()) {
+        return true;
+      }
+    }
+    return false;
+  };
   std::vector<ExplainedCall> calls;
   for (const auto& call : profiled.calls()) {
     ExplainedCall explained{call, std::nullopt, ExplainedCall::Outcome::NotDecided};
@@ -146,9 +161,11 @@ Explanation explain(const Policy& policy, const std::function<void()>& region) {
     if (answer.has_value() && !is_tag(call.op)) {
       explained.answer = answer;
       const bool kept = contexts.cache->cached(call.op, call.call);
-      explained.outcome = !kept ? ExplainedCall::Outcome::Recomputed
-                          : is_offload(*answer) ? ExplainedCall::Outcome::Offloaded
-                                                   : ExplainedCall::Outcome::Saved;
+      explained.outcome = kept                   ? is_offload(*answer)
+                                                       ? ExplainedCall::Outcome::Offloaded
+                                                       : ExplainedCall::Outcome::Saved
+                          : demoted(call.op, call.call) ? ExplainedCall::Outcome::Demoted
+                                                        : ExplainedCall::Outcome::Recomputed;
     }
     calls.push_back(std::move(explained));
   }

@@ -27,7 +27,11 @@ struct ExplainedCall {
   OpCallProfile profile;
   // The policy's answer, for the calls it was asked about.
   std::optional<CheckpointPolicy> answer;
-  enum class Outcome { NotDecided, Saved, Offloaded, Recomputed } outcome = Outcome::NotDecided;
+  // Demoted: saved, then modified in place later in the forward, so the
+  // cache dropped it when the forward ended (it held the storage until then)
+  // and the recomputation runs it.
+  enum class Outcome { NotDecided, Saved, Offloaded, Recomputed, Demoted };
+  Outcome outcome = Outcome::NotDecided;
 };
 
 class Explanation {
@@ -37,10 +41,11 @@ class Explanation {
   const std::vector<ExplainedCall>& calls() const { return calls_; }
   // Bytes the region keeps on the device after the forward (saved calls).
   int64_t kept_bytes() const;
-  // The saved calls, each with the bytes it keeps; a saved call whose
-  // outputs share an earlier call's storage (aten::_unsafe_view of a
-  // matmul's) keeps that storage, counted once at the call that made it:
-  // what sac::StepPhases::predict_peak adds to a step.
+  // The saved calls, each with the bytes it keeps (a saved call whose
+  // outputs share the storage of an earlier call's, aten::_unsafe_view of a
+  // matmul's, keeps that storage: its bytes count once), and the demoted
+  // calls (KeptCall::demoted, no bytes): what sac::StepPhases::predict_peak
+  // changes a step by.
   std::vector<KeptCall> kept_calls() const;
   // Bytes offloaded to the copy target.
   int64_t offloaded_bytes() const;

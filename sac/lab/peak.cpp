@@ -1,17 +1,11 @@
 #include <sac/lab/peak.h>
 
-#include <sac/base/internal/region_events.h>
-#include <sac/cache/internal/new_storages.h>
-#include <sac/dispatch/internal/boxed.h>
-#include <sac/dispatch/internal/interceptor.h>
 #include <sac/lab/internal/choices.h>
 #include <sac/lab/internal/knapsack.h>
-#include <sac/policy/internal/op_traits.h>
+#include <sac/lab/internal/step_trace.h>
 
 #include <c10/core/CachingDeviceAllocator.h>
-#include <c10/core/StorageImpl.h>
 #include <c10/util/Exception.h>
-#include <c10/util/intrusive_ptr.h>
 
 #include <algorithm>
 #include <chrono>
@@ -19,136 +13,218 @@
 #include <optional>
 #include <ostream>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 namespace sac {
 namespace {
 
-using WeakStorage = c10::weak_intrusive_ptr<c10::StorageImpl>;
+using lab::kNever;
+using lab::StepTrace;
+using lab::TracedCall;
+using lab::TracedRegion;
 
-// Closes a phase at every mark and opens the next; between marks, notes the
-// op calls of each region's forward and the storages their outputs made.
-class PhaseRecorder final : public detail::RegionEvents, public dispatch::OpObserver {
- public:
-  explicit PhaseRecorder(const MemoryProbe& probe) : probe_(probe), base_(probe.live()) {
-    probe_.reset_peak();
-  }
+// Note [A plan's step]
+// The measured step keeps nothing. A plan's step runs the same ops in the
+// same order (the recomputation replays the forward's calls and stops where
+// the measured one stopped: once every tensor autograd saved is made again),
+// and its allocations are the measured step's but for three changes, per
+// call K the plan keeps:
+//  1. K's forward outputs are held by the cache until the recomputation takes
+//     them (at K's call there), or until the recomputation ends if it stops
+//     before K, or until the region's frame is released if nothing recomputes
+//     it (its forward saved nothing autograd needs), or until the forward
+//     ends if K was demoted (modified in place later: the cache drops it
+//     then). Their frees move no earlier than that.
+//  2. K's call in the recomputation is served from the cache: nothing it
+//     allocated in the measured step is allocated (its outputs, its
+//     temporaries), but a random call restores the generator, which on the
+//     CPU allocates its state for a moment.
+//  3. The served outputs stand where the recomputed ones stood, so a kept
+//     storage is freed no earlier than the recomputed storage it replaces
+//     was.
+// Those changes are exact if the op calls allocate the same bytes in both
+// steps, which holds for ops that see the same shapes; what cannot be placed
+// so (a kept call whose output lies on the storage of a call the plan
+// recomputes: that storage's lifetime in the recomputation changes) is an
+// error, not a guess.
 
-  void forward_began(const void* region) override {
-    const int index = static_cast<int>(index_.size());
-    index_[region] = index;
-    alive_.push_back(false);
-    calls_of_.emplace_back();
-    running_.push_back(index);
-    mark(StepPhase::Kind::Forward, index);
-  }
-  void forward_ended(const void* region) override {
-    const int index = index_.at(region);
-    alive_[index] = true;
-    running_.erase(std::find(running_.begin(), running_.end(), index));
-    if (running_.empty()) {
-      mark(StepPhase::Kind::Between, -1);
-    } else {
-      mark(StepPhase::Kind::Forward, running_.back());
-    }
-  }
-  void recomputation_began(const void* region) override {
-    const auto found = index_.find(region);
-    if (found == index_.end()) {
-      return;  // a region from before the step
-    }
-    alive_[found->second] = false;
-    mark(StepPhase::Kind::Backward, found->second);
-  }
-
-  void before_op(const dispatch::ObservedOp&, c10::ArrayRef<c10::IValue> args) override {
-    for (const auto& arg : args) {
-      dispatch::for_each_tensor(arg, [&](const at::Tensor& t) { storages_.meet(t); });
-    }
-    // The stretch since the last op ends: a gap.
-    const StepPoint now{phases_.size(), current_.step_peaks.size()};
-    end_stretch(/*gap=*/true);
-    find_freed(now);
-  }
-  void after_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> outputs) override {
-    const StepPoint now{phases_.size(), current_.step_peaks.size()};
-    end_stretch(/*gap=*/false);
-    find_freed(now);
-    if (running_.empty()) {
-      return;  // outside every region's forward
-    }
-    const int region = running_.back();
-    calls_.push_back({region, call.op, calls_of_[region][call.op]++, now, {}});
-    for (const auto& output : outputs) {
-      dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
-        if (const int64_t bytes = storages_.meet(t); bytes > 0) {
-          unfreed_.push_back({calls_.size() - 1, calls_.back().storages.size(),
-                              WeakStorage::reclaim_copy(t.storage().unsafeGetStorageImpl())});
-          calls_.back().storages.push_back({bytes});
-        }
-      });
-    }
-  }
-
-  StepPhases finish() {
-    close();
-    return StepPhases(std::move(phases_), std::move(calls_), static_cast<int>(index_.size()));
-  }
-
- private:
-  void end_stretch(bool gap) {
-    current_.step_peaks.push_back(probe_.peak() - base_);
-    current_.step_is_gap.push_back(gap);
-    probe_.reset_peak();
-  }
-
-  // Notes the storages found freed by `now`.
-  void find_freed(StepPoint now) {
-    auto freed = std::remove_if(unfreed_.begin(), unfreed_.end(), [&](const Watched& w) {
-      if (!w.storage.expired()) {
-        return false;
-      }
-      calls_[w.call].storages[w.index].freed = now;
-      return true;
-    });
-    unfreed_.erase(freed, unfreed_.end());
-  }
-
-  void close() {
-    const StepPoint now{phases_.size(), current_.step_peaks.size()};
-    end_stretch(/*gap=*/true);
-    find_freed(now);
-    phases_.push_back(std::move(current_));
-  }
-
-  void mark(StepPhase::Kind kind, int region) {
-    close();
-    current_ = StepPhase{kind, region, {}, {}, {}};
-    for (size_t i = 0; i < alive_.size(); ++i) {
-      if (alive_[i]) {
-        current_.alive.push_back(static_cast<int>(i));
-      }
-    }
-  }
-
-  const MemoryProbe& probe_;
-  const int64_t base_;
-  StepPhase current_;
-  std::vector<StepPhase> phases_;
-  std::unordered_map<const void*, int> index_;
-  std::vector<bool> alive_;
-  std::vector<int> running_;  // regions whose forward runs, innermost last
-  std::vector<std::unordered_map<c10::OperatorHandle, size_t>> calls_of_;  // per region
-  std::vector<StepCall> calls_;
-  // The storages the calls made that were not found freed yet.
-  struct Watched {
-    size_t call;
-    size_t index;  // in the call's storages
-    WeakStorage storage;
-  };
-  std::vector<Watched> unfreed_;
-  NewStorages storages_;
+// A plan's changes to the measured step's events.
+struct Changes {
+  std::vector<size_t> removed;                      // events that do not happen
+  std::vector<std::pair<size_t, int64_t>> frees;    // bytes freed before an event
+  std::vector<std::pair<size_t, int64_t>> moments;  // bytes allocated for a moment there
 };
+
+const TracedCall* find_call(const std::unordered_map<c10::OperatorHandle,
+                                                     std::vector<TracedCall>>& calls,
+                            const c10::OperatorHandle& op, size_t call) {
+  const auto found = calls.find(op);
+  return found == calls.end() || call >= found->second.size() ? nullptr : &found->second[call];
+}
+
+Changes changes_of(const StepTrace& trace, const std::vector<std::vector<KeptCall>>& kept) {
+  TORCH_CHECK(kept.size() == trace.regions.size(), "sac::StepPhases::predict_peak: the step ran ",
+              trace.regions.size(), " regions, but the plan has ", kept.size(),
+              " policies; plan one policy per region, in the order their forwards begin.");
+  const auto& allocations = trace.allocations;
+  std::unordered_map<size_t, size_t> held;  // allocation: freed no earlier than
+  auto hold = [&](size_t allocation, size_t position) {
+    if (allocation != kNever) {
+      auto [it, added] = held.emplace(allocation, position);
+      it->second = std::max(it->second, position);
+    }
+  };
+  std::unordered_set<size_t> served;  // allocations of served calls
+  struct Standing {                   // a kept output on a storage made before its call
+    size_t kept;
+    size_t recomputed;
+    const KeptCall* call;
+  };
+  std::vector<Standing> standing;
+  Changes changes;
+  for (size_t r = 0; r < kept.size(); ++r) {
+    const TracedRegion& region = trace.regions[r];
+    for (const KeptCall& k : kept[r]) {
+      const TracedCall* forward = find_call(region.forward, k.op, k.call);
+      TORCH_CHECK(forward != nullptr, "sac::StepPhases: region ", r, " of the plan keeps call ",
+                  k.call, " of ", toString(k.op.operator_name()), ", which region ", r,
+                  " of the measured step did not make. Profile and measure the same step, with "
+                  "its regions in the same order.");
+      if (k.demoted) {
+        for (const size_t output : forward->outputs) {
+          hold(output, region.forward_end);
+        }
+        continue;
+      }
+      const TracedCall* recomputed = find_call(region.recompute, k.op, k.call);
+      if (recomputed == nullptr) {
+        // Past the recomputation's stop: released as it ends. Never
+        // recomputed (the forward saved nothing autograd needs): released
+        // with the region's frame.
+        const size_t until =
+            region.recompute_begin != kNever ? region.recompute_end : region.released;
+        for (const size_t output : forward->outputs) {
+          hold(output, until);
+        }
+        continue;
+      }
+      for (size_t e = recomputed->begin; e < recomputed->end; ++e) {
+        if (trace.events[e].delta > 0) {
+          served.insert(trace.events[e].allocation);
+        }
+      }
+      for (size_t i = 0; i < recomputed->outputs.size(); ++i) {
+        const size_t mine = i < forward->outputs.size() ? forward->outputs[i] : kNever;
+        const size_t theirs = recomputed->outputs[i];
+        hold(mine, recomputed->begin);
+        if (theirs == kNever) {
+          continue;
+        }
+        if (allocations[theirs].made >= recomputed->begin &&
+            allocations[theirs].made < recomputed->end) {
+          hold(mine, allocations[theirs].freed);
+        } else {
+          standing.push_back({mine, theirs, &k});
+        }
+      }
+      if (recomputed->random && trace.on_cpu) {
+        changes.moments.emplace_back(recomputed->begin, trace.rng_state_bytes);
+      }
+    }
+  }
+  for (const Standing& s : standing) {
+    TORCH_CHECK(served.count(s.recomputed) > 0, "sac::StepPhases::predict_peak: the plan keeps "
+                "call ", s.call->call, " of ", toString(s.call->op.operator_name()),
+                ", whose output lies on the storage of an earlier call that the plan "
+                "recomputes (a view or aten::_unsafe_view of it). When the recomputation frees "
+                "that storage then is not in the measured step, so the peak is not predicted. "
+                "Keep the call that made the storage too (budgeted plans keep calls that share "
+                "a storage together).");
+    hold(s.kept, allocations[s.recomputed].freed);
+  }
+  for (const size_t allocation : served) {
+    changes.removed.push_back(allocations[allocation].made);
+    if (allocations[allocation].freed != kNever) {
+      changes.removed.push_back(allocations[allocation].freed);
+    }
+  }
+  for (const auto& [allocation, until] : held) {
+    const size_t freed = allocations[allocation].freed;
+    if (until == kNever || (freed != kNever && until > freed)) {
+      if (freed != kNever) {
+        changes.removed.push_back(freed);
+      }
+      if (until != kNever) {
+        changes.frees.emplace_back(until, allocations[allocation].bytes);
+      }
+    }
+  }
+  return changes;
+}
+
+// The step's bytes under `changes`: at each event, the most live at once
+// (after it, or for a moment before it); and the peak's event.
+struct Simulated {
+  std::vector<int64_t> peak_at;
+  int64_t peak = 0;
+  size_t at = 0;
+};
+
+Simulated simulate(const StepTrace& trace, const Changes& changes) {
+  const size_t n = trace.events.size();
+  std::vector<char> removed(n, 0);
+  for (const size_t e : changes.removed) {
+    removed[e] = 1;
+  }
+  std::vector<int64_t> freed(n + 1, 0), moment(n + 1, 0);
+  for (const auto& [position, bytes] : changes.frees) {
+    freed[position] += bytes;
+  }
+  for (const auto& [position, bytes] : changes.moments) {
+    moment[position] = std::max(moment[position], bytes);
+  }
+  Simulated out;
+  out.peak_at.resize(n);
+  int64_t live = 0;
+  for (size_t e = 0; e <= n; ++e) {
+    live -= freed[e];
+    int64_t here = live + moment[e];
+    if (e == n) {
+      if (here > out.peak) {
+        out.peak = here;
+        out.at = n > 0 ? n - 1 : 0;
+      }
+      break;
+    }
+    if (removed[e] == 0) {
+      live += trace.events[e].delta;
+    }
+    here = std::max(here, live);
+    out.peak_at[e] = here;
+    if (here > out.peak) {
+      out.peak = here;
+      out.at = e;
+    }
+  }
+  return out;
+}
+
+// What `changes` add to the bytes live after event `at` (negative where they
+// free or skip).
+int64_t added_at(const StepTrace& trace, const Changes& changes, size_t at) {
+  int64_t bytes = 0;
+  std::unordered_set<size_t> seen;
+  for (const size_t e : changes.removed) {
+    if (e <= at && seen.insert(e).second) {
+      bytes -= trace.events[e].delta;
+    }
+  }
+  for (const auto& [position, freed] : changes.frees) {
+    bytes -= position <= at ? freed : 0;
+  }
+  return bytes;
+}
 
 const char* kind_name(StepPhase::Kind kind) {
   switch (kind) {
@@ -159,103 +235,47 @@ const char* kind_name(StepPhase::Kind kind) {
   return "?";
 }
 
-}  // namespace
-
-int64_t StepPhase::peak() const {
-  return *std::max_element(step_peaks.begin(), step_peaks.end());
-}
-
-int64_t StepPhases::peak() const {
-  int64_t peak = 0;
-  for (const auto& phase : phases_) {
-    peak = std::max(peak, phase.peak());
+// The most live over a phase's events (and as it begins).
+int64_t phase_peak(const std::vector<int64_t>& after, const StepPhase& phase) {
+  int64_t peak = phase.begin > 0 ? after[phase.begin - 1] : 0;
+  for (size_t e = phase.begin; e < phase.end; ++e) {
+    peak = std::max(peak, after[e]);
   }
   return peak;
 }
 
-size_t StepPhases::find_call(int region, const c10::OperatorHandle& op, size_t call) const {
-  const auto found = std::find_if(calls_.begin(), calls_.end(), [&](const StepCall& c) {
-    return c.region == region && c.op == op && c.call == call;
-  });
-  TORCH_CHECK(found != calls_.end(), "sac::StepPhases: region ", region, " of the plan keeps call ",
-              call, " of ", toString(op.operator_name()), ", which region ", region,
-              " of the measured step did not make. Profile and measure the same step, with its "
-              "regions in the same order.");
-  return static_cast<size_t>(found - calls_.begin());
+}  // namespace
+
+StepPhases::StepPhases(std::shared_ptr<const lab::StepTrace> trace)
+    : trace_(std::move(trace)), live_(trace_->live()) {
+  std::vector<StepPhase> phases = trace_->phases;
+  for (StepPhase& phase : phases) {
+    phase.peak = phase_peak(live_, phase);
+  }
+  phases_ = std::move(phases);
 }
 
-bool StepPhases::counts(const StepPhase& phase, int region) {
-  return std::find(phase.alive.begin(), phase.alive.end(), region) != phase.alive.end() ||
-         (phase.kind == StepPhase::Kind::Forward && phase.region == region);
-}
+const std::vector<StepPhase>& StepPhases::phases() const { return phases_; }
+int StepPhases::regions() const { return static_cast<int>(trace_->regions.size()); }
+size_t StepPhases::events() const { return trace_->events.size(); }
 
-int64_t StepPhases::adds_at(size_t call, int64_t plan_bytes, size_t phase, size_t step) const {
-  const StepCall& c = calls_[call];
-  const StepPoint now{phase, step};
-  if (!(c.made < now)) {
-    return 0;
+int64_t StepPhases::peak() const {
+  int64_t peak = 0;
+  for (const int64_t bytes : live_) {
+    peak = std::max(peak, bytes);
   }
-  if (c.storages.empty()) {
-    return plan_bytes;  // an alias of an unkeepable call's output: always
-  }
-  // A gap's peak is where it begins (ops allocate; between them memory is
-  // only freed): a storage adds its bytes there if the measured step had
-  // freed it before. In an op's stretch, if freed by its end.
-  const bool gap = phases_[phase].step_is_gap[step];
-  int64_t bytes = 0;
-  for (const auto& storage : c.storages) {
-    bytes += (gap ? storage.freed < now : !(now < storage.freed)) ? storage.bytes : 0;
-  }
-  return bytes;
-}
-
-std::vector<int64_t> StepPhases::predicted_phases(
-    const std::vector<std::vector<KeptCall>>& kept_calls) const {
-  TORCH_CHECK(kept_calls.size() == static_cast<size_t>(regions_),
-              "sac::StepPhases::predict_peak: the step ran ", regions_,
-              " regions, but the plan has ", kept_calls.size(),
-              " policies; plan one policy per region, in the order their forwards begin.");
-  // Each kept call's index among the step's calls, with the plan's bytes.
-  std::vector<std::vector<std::pair<size_t, int64_t>>> kept(regions_);
-  for (int region = 0; region < regions_; ++region) {
-    for (const auto& k : kept_calls[region]) {
-      kept[region].emplace_back(find_call(region, k.op, k.call), k.bytes);
-    }
-  }
-  std::vector<int64_t> predicted;
-  for (size_t p = 0; p < phases_.size(); ++p) {
-    const StepPhase& phase = phases_[p];
-    std::vector<int> counted;
-    for (int region = 0; region < regions_; ++region) {
-      if (counts(phase, region)) {
-        counted.push_back(region);
-      }
-    }
-    int64_t bytes = 0;
-    for (size_t s = 0; s < phase.step_peaks.size(); ++s) {
-      int64_t added = 0;
-      for (const int region : counted) {
-        for (const auto& [call, plan_bytes] : kept[region]) {
-          added += adds_at(call, plan_bytes, p, s);
-        }
-      }
-      bytes = std::max(bytes, phase.step_peaks[s] + added);
-    }
-    predicted.push_back(bytes);
-  }
-  return predicted;
+  return peak;
 }
 
 int64_t StepPhases::predict_peak(const std::vector<std::vector<KeptCall>>& kept_calls) const {
-  const std::vector<int64_t> predicted = predicted_phases(kept_calls);
-  return predicted.empty() ? 0 : *std::max_element(predicted.begin(), predicted.end());
+  return simulate(*trace_, changes_of(*trace_, kept_calls)).peak;
 }
 
 PeakPlan StepPhases::plan_for_peak(const std::vector<RegionProfile>& profiles,
                                    int64_t peak_bytes, std::optional<OffloadCost> offload,
                                    size_t grid) const {
-  TORCH_CHECK(profiles.size() == static_cast<size_t>(regions_),
-              "sac::StepPhases::plan_for_peak: the step ran ", regions_, " regions, but ",
+  TORCH_CHECK(profiles.size() == static_cast<size_t>(regions()),
+              "sac::StepPhases::plan_for_peak: the step ran ", regions(), " regions, but ",
               profiles.size(), " profiles were given; give one per region, in order.");
   TORCH_CHECK(grid >= 2, "sac::StepPhases::plan_for_peak: grid must be at least 2.");
   TORCH_CHECK(peak() <= peak_bytes, "sac::StepPhases::plan_for_peak: the step's peak under "
@@ -263,8 +283,7 @@ PeakPlan StepPhases::plan_for_peak(const std::vector<RegionProfile>& profiles,
               " bytes: no plan of what to keep fits. Raise the budget, or shrink the step "
               "(smaller batches, more regions).");
   const auto start = std::chrono::steady_clock::now();
-  const int64_t everything =
-      budgeted_plan(profiles, Budget::fraction(1.0)).budget_bytes;
+  const int64_t everything = budgeted_plan(profiles, Budget::fraction(1.0)).budget_bytes;
 
   PeakPlan best;
   best.peak_budget = peak_bytes;
@@ -288,73 +307,77 @@ PeakPlan StepPhases::plan_for_peak(const std::vector<RegionProfile>& profiles,
     }
     return true;
   };
+  // The grid is the same for every peak budget, and the halving runs
+  // between its greatest budget that fits and the next: a greater peak
+  // budget fits the same grid budgets and more, and where it halves the
+  // same interval it moves up wherever this one does, so (the knapsack's
+  // cost falling with its budget) it never recomputes more.
   auto grid_bytes = [&](size_t i) {
     return static_cast<int64_t>(static_cast<double>(everything) * static_cast<double>(i) /
                                 static_cast<double>(grid - 1));
   };
   fits(0);  // full recomputation fits (checked above)
-  int64_t last_fit = 0;             // the greatest grid budget that fits
-  int64_t lo = 0;                   // the greatest that fits below `hi`
-  std::optional<int64_t> hi;        // the least that does not fit
+  size_t greatest = 0;
   for (size_t i = 1; i < grid; ++i) {
-    const int64_t bytes = grid_bytes(i);
-    if (fits(bytes)) {
-      last_fit = bytes;
-      lo = hi ? lo : bytes;
-    } else if (!hi) {
-      hi = bytes;
+    if (fits(grid_bytes(i))) {
+      greatest = i;
     }
   }
-  if (hi && *hi > last_fit) {  // halve between the last fit below it and it
-    while (*hi - lo > std::max<int64_t>(1, everything / 4096)) {
-      const int64_t mid = lo + (*hi - lo) / 2;
-      (fits(mid) ? lo : *hi) = mid;
+  if (greatest + 1 < grid) {
+    int64_t lo = grid_bytes(greatest);
+    int64_t hi = grid_bytes(greatest + 1);
+    while (hi - lo > std::max<int64_t>(1, everything / 4096)) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      (fits(mid) ? lo : hi) = mid;
     }
   }
 
-  // The bound: at a stretch, any plan that fits keeps choices whose bytes
-  // there sum to at most the stretch's headroom; the best such (exact
-  // knapsack) saves at least as much as any plan that fits.
+  // The bound: after an event, any plan that fits keeps choices whose bytes
+  // there sum to at most the headroom; the best such (exact knapsack, with
+  // the choices that free bytes there taken) saves at least as much as any
+  // plan that fits.
   std::vector<lab::CallChoice> choices;
   for (size_t r = 0; r < profiles.size(); ++r) {
     for (auto& c : lab::choices_of(profiles[r], r, offload)) {
       choices.push_back(std::move(c));
     }
   }
-  std::vector<std::vector<std::pair<size_t, int64_t>>> members(choices.size());
+  std::vector<Changes> changes;
   double everything_seconds = 0;
-  for (size_t i = 0; i < choices.size(); ++i) {
-    for (const OpCallProfile* call : choices[i].calls) {
-      members[i].emplace_back(find_call(static_cast<int>(choices[i].profile), call->op, call->call),
-                              call == choices[i].calls.front() ? choices[i].bytes : 0);
+  for (const auto& choice : choices) {
+    std::vector<std::vector<KeptCall>> alone(profiles.size());
+    for (const OpCallProfile* call : choice.calls) {
+      alone[choice.profile].push_back({call->op, call->call, 0});
     }
-    everything_seconds += choices[i].left.seconds;
+    changes.push_back(changes_of(*trace_, alone));
+    everything_seconds += choice.left.seconds;
   }
-  auto bound_at = [&](size_t p, size_t step) {
+  auto bound_at = [&](size_t event) {
     std::vector<lab::Item> items;
+    std::vector<double> free_values;
+    int64_t capacity = peak_bytes - live_[event];
+    double taken = 0;
     for (size_t i = 0; i < choices.size(); ++i) {
-      int64_t weight = 0;
-      if (counts(phases_[p], static_cast<int>(choices[i].profile))) {
-        for (const auto& [call, bytes] : members[i]) {
-          weight += adds_at(call, bytes, p, step);
-        }
+      const int64_t weight = added_at(*trace_, changes[i], event);
+      if (weight <= 0) {
+        capacity -= weight;
+        taken += choices[i].left.seconds;
+      } else {
+        items.push_back({weight, choices[i].left.seconds});
       }
-      items.push_back({weight, choices[i].left.seconds});
     }
-    const lab::Choice relaxed = lab::solve_knapsack(items, peak_bytes - phases_[p].step_peaks[step]);
-    return relaxed.exact ? relaxed.value : relaxed.upper_bound;
+    if (capacity < 0) {
+      return 0.0;
+    }
+    const lab::Choice relaxed = lab::solve_knapsack(items, capacity);
+    return taken + (relaxed.exact ? relaxed.value : relaxed.upper_bound);
   };
-  // The stretches: where every region's kept outputs count (after the last
-  // forward), and where the plan's prediction peaks.
+  // The events: where the plan peaks, and where keeping everything does.
   double bound = everything_seconds;
-  const std::vector<int64_t> predicted = predicted_phases(best.plan.kept_calls);
-  for (size_t p = 0; p < phases_.size(); ++p) {
-    const bool all_alive = phases_[p].alive.size() == static_cast<size_t>(regions_);
-    if (all_alive || predicted[p] == best.predicted_peak) {
-      for (size_t step = 0; step < phases_[p].step_peaks.size(); ++step) {
-        bound = std::min(bound, bound_at(p, step));
-      }
-    }
+  if (!live_.empty()) {
+    bound = std::min(bound, bound_at(simulate(*trace_, changes_of(*trace_, best.plan.kept_calls)).at));
+    const BudgetedPlan all = budgeted_plan(profiles, Budget::fraction(1.0), offload);
+    bound = std::min(bound, bound_at(simulate(*trace_, changes_of(*trace_, all.kept_calls)).at));
   }
   // The least any plan that fits can cost: every profiled call's time, with
   // each choice left out the cheaper way, less the bound on what keeping
@@ -380,19 +403,21 @@ PeakPlan StepPhases::plan_for_peak(const std::vector<RegionProfile>& profiles,
 }
 
 void StepPhases::print(std::ostream& out, const BudgetedPlan* plan) const {
-  const std::vector<int64_t> predicted =
-      plan != nullptr ? predicted_phases(plan->kept_calls) : std::vector<int64_t>();
+  std::vector<int64_t> predicted;
+  if (plan != nullptr) {
+    predicted = simulate(*trace_, changes_of(*trace_, plan->kept_calls)).peak_at;
+  }
   out << std::left << std::setw(10) << "phase" << std::right << std::setw(8) << "region"
-      << std::setw(16) << "measured" << (plan != nullptr ? "       predicted" : "")
-      << "  alive\n";
-  for (size_t i = 0; i < phases_.size(); ++i) {
-    const StepPhase& phase = phases_[i];
+      << std::setw(10) << "events" << std::setw(16) << "measured"
+      << (plan != nullptr ? "       predicted" : "") << "\n";
+  for (const StepPhase& phase : phases_) {
     out << std::left << std::setw(10) << kind_name(phase.kind) << std::right << std::setw(8)
-        << phase.region << std::setw(16) << phase.peak();
+        << phase.region << std::setw(10) << phase.end - phase.begin << std::setw(16)
+        << phase.peak;
     if (plan != nullptr) {
-      out << std::setw(16) << predicted[i];
+      out << std::setw(16) << phase_peak(predicted, phase);
     }
-    out << "  " << phase.alive.size() << " regions\n";
+    out << "\n";
   }
 }
 
@@ -428,17 +453,7 @@ MemoryProbe device_memory_probe(c10::Device device) {
 }
 
 StepPhases measure_step_phases(const MemoryProbe& probe, const std::function<void()>& step) {
-  TORCH_CHECK(probe.live && probe.peak && probe.reset_peak,
-              "sac::measure_step_phases: the probe needs live, peak and reset_peak.");
-  // Under per-op kernels, the cacheable ops must be intercepted to be seen.
-  dispatch::intercept_ops_matching(&policy::is_cacheable);
-  PhaseRecorder recorder(probe);
-  {
-    detail::RegionEventsGuard listening(&recorder);
-    dispatch::ObserverGuard observing(&recorder);
-    step();
-  }
-  return recorder.finish();
+  return StepPhases(std::make_shared<const lab::StepTrace>(lab::record_step(probe, step)));
 }
 
 }  // namespace sac

@@ -1,36 +1,34 @@
-// sac::measure_step_phases: a training step's memory, phase by phase, and
-// the peak it would reach under a budgeted plan, predicted.
+// sac::measure_step_phases: a training step's memory, allocation by
+// allocation, and the peak it would reach under any plan, predicted.
 //
 //   sac::MemoryProbe probe{live, peak, reset_peak};  // the caller's allocator
 //   // One step with every region recomputing everything (nothing kept):
 //   sac::StepPhases phases = sac::measure_step_phases(probe, [&] { step(); });
 //   auto plan = sac::budgeted_plan(profiles, sac::Budget::fraction(0.3));
-//   int64_t predicted = phases.predict_peak(plan);
+//   int64_t predicted = phases.predict_peak(plan);   // the step's peak under it
+//   sac::PeakPlan fits = phases.plan_for_peak(profiles, limit);
 //
-// The regions' frames mark the step's phases (sac/base/internal/region_events.h):
-// each region's forward, the stretches between, and each region's backward,
-// from its recomputation's start to the next mark. Within them, every op call
-// seen on the thread divides a phase further (all ops under the fallback key,
-// the cacheable ones under per-op kernels). The peak of each stretch is
-// measured with the probe, in bytes over what was live when the step began,
-// and the storages made by the op calls of each region's forward are
-// watched: at which stretch each was freed.
+// The step is recorded as the list of its allocations and frees, in order,
+// from c10's memory reporting (what PyTorch's memory profiler hears; the
+// counting allocator of the tests and CUDA's caching allocator report), with
+// each region's forward and recomputation and their op calls placed in it.
+// A plan changes that list in three ways only (Note [A plan's step] in
+// peak.cpp): a kept output's storage lives on until the recomputation takes
+// it, the taken call allocates nothing in the recomputation, and its place
+// there is held by the kept storage for as long as the recomputed one was.
+// So the prediction is the peak of the changed list: on the CPU it equals
+// the counting allocator's peak to the byte (tests/peak_model_test.cpp checks
+// it on generated models).
 //
-// A plan changes the step by the outputs its regions keep. A kept output
-// lives from its call until its region's recomputation takes it (or, past
-// where the recomputation stops, until it ends). Where the measured step kept
-// its storage alive anyway (a region's output, read by the next region), it
-// adds nothing; in its region's own backward it takes the place of what full
-// recomputation makes again. The prediction is, over the stretches, the
-// stretch's measured peak plus the bytes of the kept storages (of regions
-// alive through the phase, and of the region whose forward it is) that the
-// measured step had freed: by the start of a gap between op calls (where
-// memory is only freed, so its peak is at its start), by the end of a call's
-// stretch (an upper bound for a storage freed inside a call). On the CPU,
-// with the counting allocator, the tests find it exact.
-//
-// The probe sees the thread that runs the step: a recomputation that
-// autograd runs on a device thread (CUDA) marks no phase.
+// What the model does not cover is refused, not guessed: a measured step
+// that keeps outputs, nested regions, a recomputation inside a forward, a
+// region recomputed twice, an allocator whose reports miss bytes the probe
+// counts, a CPU step on several intra-op threads (their scratch buffers are
+// not reported to the step's thread), and a plan that keeps a call whose
+// output lies on the storage of a call it recomputes. On an accelerator the events are the caching
+// allocator's blocks (allocated bytes, rounded as it rounds them; not the
+// cached, reserved bytes), and a recomputation that autograd runs on a
+// device thread is not seen (measure_step_phases says so).
 #pragma once
 
 #include <sac/lab/budget.h>
@@ -41,6 +39,7 @@
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -48,7 +47,9 @@ namespace sac {
 
 // Live bytes and the peak since the last reset, of the allocator the step
 // uses: the counting allocator on CPU (examples/memory_meter.h), the caching
-// allocator's statistics on an accelerator (device_memory_probe).
+// allocator's statistics on an accelerator (device_memory_probe). The step
+// is recorded from the reports of `device`'s allocator; the probe's peak
+// checks that they missed nothing.
 struct MemoryProbe {
   std::function<int64_t()> live;
   std::function<int64_t()> peak;
@@ -56,6 +57,7 @@ struct MemoryProbe {
   // Bytes the allocator could still hand out, if it knows: a peak budget
   // read at solve time is free() less a margin (sac/lab/shape_plans.h).
   std::function<int64_t()> free;
+  c10::Device device = c10::kCPU;
 };
 
 // The probe of `device`'s caching allocator (CUDA's, or any registered
@@ -64,53 +66,16 @@ struct MemoryProbe {
 // out. A clear error for the CPU or a device type without such an allocator.
 MemoryProbe device_memory_probe(c10::Device device);
 
-// A moment of the measured step: the end of stretch `step` of phase
-// `phase` (see StepPhase::step_peaks).
-struct StepPoint {
-  size_t phase = 0;
-  size_t step = 0;
-  bool operator<(const StepPoint& o) const {
-    return phase < o.phase || (phase == o.phase && step < o.step);
-  }
-};
-
-// An op call in a region's forward: call `call` of `op` in region `region`
-// (regions numbered in the order their forwards began), as a policy of that
-// region is asked about it; the stretch it ran in, and each new storage its
-// outputs made: its bytes and the first moment it was found freed (never:
-// phase past the last).
-struct StepCall {
-  struct Storage {
-    int64_t bytes = 0;
-    StepPoint freed{static_cast<size_t>(-1), 0};
-  };
-  int region = 0;
-  c10::OperatorHandle op;
-  size_t call = 0;
-  StepPoint made;
-  std::vector<Storage> storages;
-};
-
+// A stretch of the measured step: a region's forward, the code between
+// regions, or a region's backward (from its recomputation's start to the
+// next region event).
 struct StepPhase {
-  enum class Kind {
-    Between,   // outside every region's forward and backward
-    Forward,   // in `region`'s forward
-    Backward,  // from `region`'s recomputation's start to the next mark
-  };
+  enum class Kind { Between, Forward, Backward };
   Kind kind = Kind::Between;
   int region = -1;
-  // Bytes over what was live when the step began: the peak of each stretch
-  // of the phase, alternately the gap before an op call seen on the thread
-  // and the call itself (the last gap ends with the phase).
-  std::vector<int64_t> step_peaks;
-  // Per stretch: a gap between op calls (true) or an op call's own.
-  std::vector<bool> step_is_gap;
-  // The regions whose kept outputs would be alive through the phase: their
-  // forward ended and their recomputation has not begun.
-  std::vector<int> alive;
-
-  // The phase's peak: its stretches' highest.
-  int64_t peak() const;
+  int64_t peak = 0;  // measured: bytes over what was live when the step began
+  size_t begin = 0;  // its first event
+  size_t end = 0;    // one past its last
 };
 
 // A plan for a peak budget (StepPhases::plan_for_peak).
@@ -127,38 +92,43 @@ struct PeakPlan {
   double solver_seconds = 0;
 };
 
+namespace lab {
+struct StepTrace;
+}
+
 class StepPhases {
  public:
-  StepPhases(std::vector<StepPhase> phases, std::vector<StepCall> calls, int regions)
-      : phases_(std::move(phases)), calls_(std::move(calls)), regions_(regions) {}
+  explicit StepPhases(std::shared_ptr<const lab::StepTrace> trace);
 
-  const std::vector<StepPhase>& phases() const { return phases_; }
-  const std::vector<StepCall>& calls() const { return calls_; }
-  int regions() const { return regions_; }
-  // The measured step's peak.
+  // The step's phases, in order.
+  const std::vector<StepPhase>& phases() const;
+  int regions() const;
+  // Allocations and frees recorded.
+  size_t events() const;
+  // The measured step's peak, over what was live when it began.
   int64_t peak() const;
   // The step's peak under `plan`, whose policies are the regions', in the
   // order their forwards began.
   int64_t predict_peak(const BudgetedPlan& plan) const { return predict_peak(plan.kept_calls); }
   // The same from the calls each region keeps, in order: a budgeted plan's
-  // or any policy's (Explanation::kept_calls, sac/lab/explain.h).
+  // or any policy's (Explanation::kept_calls, sac/lab/explain.h, which
+  // includes the calls kept and dropped at the forward's end).
   int64_t predict_peak(const std::vector<std::vector<KeptCall>>& kept_calls) const;
   // The plan of least recomputation time whose predicted peak is at most
   // `peak_bytes`, for the regions profiled in `profiles` (one per region,
   // in order). Searched among budgeted plans (sac/lab/budget.h) at byte
-  // budgets from none to everything: a grid, then halving between the best
-  // that fits and the next that does not. Bounded by the exact knapsack of
-  // the choices' bytes at the stretches where the plan peaks and where every
-  // region's outputs are kept, each against that stretch's headroom (any
-  // plan that fits the budget fits these). More peak budget never gives a
-  // plan that recomputes more. An error if even full recomputation's peak
-  // is over the budget.
+  // budgets from none to everything: a grid of `grid` budgets, then halving
+  // between the greatest that fits and the next. The grid does not depend on
+  // the peak budget, so more peak budget never gives a plan that recomputes
+  // more. Bounded by the exact knapsack of what each choice adds where the
+  // plan peaks and where every region's outputs are kept, against the
+  // headroom there (any plan that fits fits these). An error if even full
+  // recomputation's peak is over the budget.
   //
   // With `offload`, an accelerator's outputs may be offloaded where the trip
   // costs less than their recomputation (the cost is then recomputation and
-  // trips): an offloaded output adds nothing on the device until its
-  // region's backward brings it back, in place of what full recomputation
-  // makes there. On the CPU there are no such outputs.
+  // trips). The prediction counts an offloaded output nowhere on the device:
+  // its copy back is not modelled (no accelerator has run it).
   PeakPlan plan_for_peak(const std::vector<RegionProfile>& profiles, int64_t peak_bytes,
                          std::optional<OffloadCost> offload = std::nullopt,
                          size_t grid = 32) const;
@@ -167,22 +137,15 @@ class StepPhases {
   void print(std::ostream& out, const BudgetedPlan* plan = nullptr) const;
 
  private:
-  std::vector<int64_t> predicted_phases(const std::vector<std::vector<KeptCall>>& kept_calls) const;
-  size_t find_call(int region, const c10::OperatorHandle& op, size_t call) const;
-  // Whether `region`'s kept outputs count in `phase`.
-  static bool counts(const StepPhase& phase, int region);
-  // Bytes that keeping step call `call` (`plan_bytes` by the plan) adds at
-  // stretch `step` of phase `phase`, where its region counts.
-  int64_t adds_at(size_t call, int64_t plan_bytes, size_t phase, size_t step) const;
-
+  std::shared_ptr<const lab::StepTrace> trace_;
+  std::vector<int64_t> live_;  // after each event
   std::vector<StepPhase> phases_;
-  std::vector<StepCall> calls_;
-  int regions_;
 };
 
-// Runs `step` once and measures its phases. Every region in it must keep
-// nothing (no policy, or nothing_saveable()): the prediction adds what a
-// plan keeps to these measurements.
+// Runs `step` once and records it. Every region in it must keep nothing (no
+// policy, or nothing_saveable()): the prediction changes this step by what a
+// plan keeps. An error otherwise, and for what the model does not cover
+// (see above).
 StepPhases measure_step_phases(const MemoryProbe& probe, const std::function<void()>& step);
 
 }  // namespace sac

@@ -1,9 +1,12 @@
 // Where a training step is, as checkpointed regions tell it: a region's
-// forward begins and ends, its recomputation begins. sac/lab/peak.h divides
-// a step into phases by these events. The checkpoint floor calls them on the
+// forward begins and ends, its recomputation begins and ends, its frame lets
+// go of what it kept, and whether its forward kept outputs. sac/lab/peak.h places a
+// step's allocations by these events. The checkpoint floor calls them on the
 // thread that runs the region; a listener sees its own thread only (a
 // recomputation on autograd's device threads is not seen).
 #pragma once
+
+#include <cstddef>
 
 namespace sac::detail {
 
@@ -13,7 +16,17 @@ class RegionEvents {
   // `region` names one region (its frame) while the region lives.
   virtual void forward_began(const void* region) = 0;
   virtual void forward_ended(const void* region) = 0;
+  // Inside the recomputation's isolation (sac/dispatch's IsolationGuard):
+  // observers added here, and removed by recomputation_ended, see its ops.
   virtual void recomputation_began(const void* region) = 0;
+  // After what the recomputation did not take was released.
+  virtual void recomputation_ended(const void* region) = 0;
+  // The region's frame let go of what its contexts kept (its graph was
+  // freed: after backward, or at once when the forward saved nothing).
+  virtual void released(const void* region) = 0;
+  // A selective forward ended keeping the outputs of `calls` op calls for
+  // its recomputation (some perhaps dropped already, modified in place).
+  virtual void outputs_kept(size_t calls) = 0;
 };
 
 // This thread's listener, or nullptr.

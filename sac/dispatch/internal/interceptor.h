@@ -108,6 +108,8 @@ void call_op(const c10::OperatorHandle& op, c10::DispatchKeySet below,
 // Adds `observer` on this thread / removes it. Prefer `ObserverGuard`.
 void add_observer(OpObserver* observer);
 void remove_observer(OpObserver* observer);
+// Whether `observer` sees this thread's ops now (an isolation hides it).
+bool is_observing(const OpObserver* observer);
 
 class ObserverGuard {
  public:

@@ -1,0 +1,160 @@
+"""The step's peak from Python (sac.measure_step, sac/lab/peak.h) on Hugging
+Face models: a step measured once under full recomputation, each layer
+profiled, then plans for five peak budgets from full recomputation's peak to
+keeping everything's. Each plan, run through torch.utils.checkpoint with
+sac's modes, peaks at its predicted bytes (the counting allocator of
+benchmarks/counting_allocator.cpp), within its budget, and gives the loss
+and gradients of no checkpointing bit for bit."""
+import copy
+import functools
+
+import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
+
+import sac
+import test_models as models
+from support import counting_allocator, no_collection
+
+counting = counting_allocator()
+PROBE = {"live": counting.sac_counting_live_bytes, "peak": counting.sac_counting_peak_bytes,
+         "reset_peak": counting.sac_counting_reset_peak}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The CPU's intra-op threads allocate scratch buffers that c10's memory
+    reporting does not see from the step's thread: measured with one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def checkpointed(model, context_fn, checkpoint_fn=checkpoint):
+    """A copy of `model` whose layers (Hugging Face's checkpointed layers,
+    ResNet's stages) run through `checkpoint_fn` with `context_fn`."""
+    model = copy.deepcopy(model)
+    model.train()
+    models.enable_checkpointing(model, context_fn)
+    if checkpoint_fn is not checkpoint:
+        kwargs = {"use_reentrant": False, "context_fn": context_fn}
+        if model.supports_gradient_checkpointing:
+            for module in model.modules():
+                if getattr(module, "gradient_checkpointing", False):
+                    module._gradient_checkpointing_func = functools.partial(checkpoint_fn,
+                                                                            **kwargs)
+        else:
+            for stage in model.resnet.encoder.stages:
+                stage.forward = functools.partial(checkpoint_fn, stage.forward.args[0],
+                                                  **kwargs)
+    return model
+
+
+def run(model, batch):
+    torch.manual_seed(7)
+    loss = model(**batch).loss
+    loss.backward()
+    return loss.detach()
+
+
+def grads(model):
+    return {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+def profiles(model, batch):
+    """Each checkpointed layer's op calls, profiled as the forward reaches it."""
+    out = []
+
+    def profiling(fn, *args, **kwargs):
+        kwargs.pop("use_reentrant")
+        kwargs.pop("context_fn")
+        result = []
+        out.append(sac.profile(lambda: result.append(fn(*args, **kwargs)), runs=1))
+        return result[0]
+
+    m = checkpointed(model, sac.context_fn(sac.nothing_saveable()), profiling)
+    torch.manual_seed(7)
+    m(**batch)
+    return out
+
+
+def measured(model, batch, context_fn):
+    """The step's peak over what was live as it began, and what it left."""
+    m = checkpointed(model, context_fn)
+    with no_collection():
+        before = counting.sac_counting_live_bytes()
+        counting.sac_counting_reset_peak()
+        loss = run(m, batch)
+        peak = counting.sac_counting_peak_bytes() - before
+    return peak, (loss, grads(m))
+
+
+@pytest.mark.parametrize("architecture", models.ARCHITECTURES, ids=lambda f: f.__name__)
+def test_peak_plans_hold_their_budgets(architecture):
+    torch.manual_seed(0)
+    model, batch = architecture()  # allocated by the counting allocator
+    expected = models.step(model, batch, None)
+    nothing = sac.context_fn(sac.nothing_saveable())
+    measured(model, batch, nothing)  # one-time allocations
+    m = checkpointed(model, nothing)
+    with no_collection():
+        phases = sac.measure_step(lambda: run(m, batch), **PROBE)
+    assert phases.regions > 0
+    assert measured(model, batch, nothing)[0] == phases.peak()
+    profiled = profiles(model, batch)
+    assert len(profiled) == phases.regions
+    low = phases.peak()
+    high = phases.predict_peak(sac.budgeted_plan(profiled, fraction=1.0))
+    last = float("inf")
+    for i in range(5):
+        budget = low + (high - low) * i // 4
+        plan = phases.plan_for_peak(profiled, budget)
+        peak, got = measured(model, batch, sac.in_order(plan.policies))
+        assert peak == plan.predicted_peak, f"budget {budget}: measured {peak}"
+        assert peak <= budget
+        assert plan.plan.recompute_seconds <= last
+        last = plan.plan.recompute_seconds
+        models.assert_identical(got, expected, f"the plan for {budget} bytes")
+
+
+def test_presets_predicted_from_python():
+    """Any policy's peak, from its explanations (sac.explain per layer)."""
+    torch.manual_seed(0)
+    model, batch = models.gpt2()
+    nothing = sac.context_fn(sac.nothing_saveable())
+    measured(model, batch, nothing)
+    m = checkpointed(model, nothing)
+    with no_collection():
+        phases = sac.measure_step(lambda: run(m, batch), **PROBE)
+    for policy in [sac.everything_saveable(), sac.dots_saveable(), sac.torchtitan_default()]:
+        explained = []
+
+        def explaining(fn, *args, **kwargs):
+            kwargs.pop("use_reentrant")
+            kwargs.pop("context_fn")
+            result = []
+            explained.append(sac.explain(policy, lambda: result.append(fn(*args, **kwargs))))
+            return result[0]
+
+        torch.manual_seed(7)
+        checkpointed(model, nothing, explaining)(**batch)
+        peak, _ = measured(model, batch, sac.context_fn(policy))
+        assert phases.predict_peak_of(explained) == peak, policy
+
+
+def test_measuring_a_step_that_keeps_is_an_error():
+    torch.manual_seed(0)
+    model, batch = models.gpt2()
+    m = checkpointed(model, sac.context_fn(sac.everything_saveable()))
+    with pytest.raises(RuntimeError, match="kept the outputs of"):
+        sac.measure_step(lambda: run(m, batch), **PROBE)
+
+
+def test_measuring_on_several_threads_is_an_error():
+    torch.manual_seed(0)
+    model, batch = models.gpt2()
+    m = checkpointed(model, sac.context_fn(sac.nothing_saveable()))
+    torch.set_num_threads(2)
+    with pytest.raises(RuntimeError, match="intra-op threads"):
+        sac.measure_step(lambda: run(m, batch), **PROBE)

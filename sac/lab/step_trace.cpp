@@ -1,0 +1,297 @@
+#include <sac/lab/internal/step_trace.h>
+
+#include <sac/base/internal/region_events.h>
+#include <sac/dispatch/internal/boxed.h>
+#include <sac/dispatch/internal/interceptor.h>
+#include <sac/policy/internal/op_traits.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/core/Allocator.h>
+#include <c10/util/Exception.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
+
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+
+namespace sac::lab {
+namespace {
+
+// Hears the step: c10's memory reports (allocations and frees, from any
+// thread), this thread's region events and op calls.
+class Recorder final : public c10::MemoryReportingInfoBase,
+                       public detail::RegionEvents,
+                       public dispatch::OpObserver {
+ public:
+  Recorder(c10::Device device, c10::MemoryReportingInfoBase* previous)
+      : device_(device), previous_(previous) {}
+
+  // ---- c10::MemoryReportingInfoBase ----------------------------------------
+
+  bool memoryProfilingEnabled() const override { return true; }
+
+  void reportMemoryUsage(void* ptr, int64_t bytes, size_t total_allocated,
+                         size_t total_reserved, c10::Device device) override {
+    if (previous_ != nullptr && previous_->memoryProfilingEnabled()) {
+      previous_->reportMemoryUsage(ptr, bytes, total_allocated, total_reserved, device);
+    }
+    if (device.type() != device_.type() ||
+        (device_.has_index() && device.index() != device_.index()) || bytes == 0) {
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (bytes > 0) {
+      live_[ptr] = trace_.allocations.size();
+      trace_.allocations.push_back({bytes, trace_.events.size()});
+      trace_.events.push_back({trace_.allocations.size() - 1, bytes});
+      return;
+    }
+    size_t allocation = kNever;
+    if (const auto found = live_.find(ptr); found != live_.end()) {
+      allocation = found->second;
+      trace_.allocations[allocation].freed = trace_.events.size();
+      live_.erase(found);
+    }
+    trace_.events.push_back({allocation, bytes});
+  }
+
+  // ---- detail::RegionEvents -------------------------------------------------
+
+  void forward_began(const void* region) override {
+    refuse_if(running_ >= 0,
+              "a region began inside the forward of region " + std::to_string(running_) +
+                  ": nested regions are not covered. Checkpoint the outer code alone, or "
+                  "the inner regions alone");
+    refuse_if(recomputing_ >= 0,
+              "a region began inside the recomputation of region " +
+                  std::to_string(recomputing_) + ": nested regions are not covered");
+    if (refused()) {
+      return;
+    }
+    running_ = static_cast<int>(trace_.regions.size());
+    index_[region] = running_;
+    trace_.regions.emplace_back().forward_begin = position();
+    mark(StepPhase::Kind::Forward, running_);
+  }
+
+  void forward_ended(const void* region) override {
+    const int index = index_of(region);
+    if (index < 0 || index != running_) {
+      return;
+    }
+    trace_.regions[index].forward_end = position();
+    running_ = -1;
+    mark(StepPhase::Kind::Between, -1);
+  }
+
+  void recomputation_began(const void* region) override {
+    const int index = index_of(region);
+    if (index < 0) {
+      return;  // a region from before the step: its ops are the step's code
+    }
+    refuse_if(running_ >= 0, "region " + std::to_string(index) +
+                                 " was recomputed inside the forward of region " +
+                                 std::to_string(running_) +
+                                 " (a backward inside a forward): not covered");
+    refuse_if(trace_.regions[index].recompute_begin != kNever,
+              "region " + std::to_string(index) +
+                  " was recomputed twice (two backward passes through it): not covered");
+    if (refused()) {
+      return;
+    }
+    recomputing_ = index;
+    trace_.regions[index].recompute_begin = position();
+    mark(StepPhase::Kind::Backward, index);
+    // sac's checkpoint isolates its recomputation, which hides the step's
+    // observers: look inside. Not a guard: if the recomputation throws, its
+    // isolation drops this. (PyTorch's checkpoint isolates nothing.)
+    observing_recomputation_ = !dispatch::is_observing(this);
+    if (observing_recomputation_) {
+      dispatch::add_observer(this);
+    }
+  }
+
+  void recomputation_ended(const void* region) override {
+    const int index = index_of(region);
+    if (index >= 0 && index == recomputing_) {
+      if (observing_recomputation_) {
+        dispatch::remove_observer(this);
+      }
+      trace_.regions[index].recompute_end = position();
+      recomputing_ = -1;
+    }
+  }
+
+  void released(const void* region) override {
+    const int index = index_of(region);
+    if (index >= 0) {
+      trace_.regions[index].released = position();
+      index_.erase(region);  // a new frame may take its address
+    }
+  }
+
+  void outputs_kept(size_t calls) override {
+    refuse_if(calls > 0, "a region kept the outputs of " + std::to_string(calls) +
+                             " op calls under its policy. Measure the step with every region "
+                             "keeping nothing (no policy, or sac::nothing_saveable()): the "
+                             "prediction adds what a plan keeps");
+  }
+
+  // ---- dispatch::OpObserver ---------------------------------------------------
+
+  void before_op(const dispatch::ObservedOp&, c10::ArrayRef<c10::IValue>) override {
+    begins_.push_back(position());
+  }
+
+  void after_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> outputs) override {
+    if (begins_.empty()) {
+      return;
+    }
+    const size_t begin = begins_.back();
+    begins_.pop_back();
+    if (!begins_.empty()) {
+      return;  // inside another observed call: part of it
+    }
+    TracedRegion* region = nullptr;
+    bool forward = false;
+    if (running_ >= 0) {
+      region = &trace_.regions[running_];
+      forward = true;
+    } else if (recomputing_ >= 0) {
+      region = &trace_.regions[recomputing_];
+    } else {
+      return;
+    }
+    TracedCall traced;
+    traced.begin = begin;
+    traced.end = position();
+    traced.random = policy::is_random(call.op);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const auto& output : outputs) {
+        dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
+          const void* data = t.has_storage() ? t.storage().data() : nullptr;
+          const auto found = data != nullptr ? live_.find(const_cast<void*>(data)) : live_.end();
+          traced.outputs.push_back(found != live_.end() ? found->second : kNever);
+        });
+      }
+    }
+    (forward ? region->forward : region->recompute)[call.op].push_back(std::move(traced));
+  }
+
+  StepTrace finish() {
+    TORCH_CHECK(!refused(), "sac::measure_step_phases: ", refusal_, ".");
+    close();
+    return std::move(trace_);
+  }
+
+ private:
+  size_t position() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return trace_.events.size();
+  }
+
+  int index_of(const void* region) const {
+    const auto found = index_.find(region);
+    return found == index_.end() ? -1 : found->second;
+  }
+
+  void refuse_if(bool condition, std::string why) {
+    if (condition && refusal_.empty()) {
+      refusal_ = std::move(why);
+    }
+  }
+  bool refused() const { return !refusal_.empty(); }
+
+  void mark(StepPhase::Kind kind, int region) {
+    close();
+    phase_ = StepPhase{kind, region, 0, position(), 0};
+  }
+  void close() {
+    phase_.end = position();
+    trace_.phases.push_back(phase_);
+  }
+
+  const c10::Device device_;
+  c10::MemoryReportingInfoBase* const previous_;
+  std::mutex mutex_;  // the trace's events, allocations and live_
+  StepTrace trace_;
+  std::unordered_map<void*, size_t> live_;  // data pointer: its allocation
+  std::unordered_map<const void*, int> index_;  // a region's frame: its index
+  int running_ = -1;      // the region whose forward runs
+  int recomputing_ = -1;  // the region whose recomputation runs
+  bool observing_recomputation_ = false;  // added for it (an isolation hid the step's)
+  std::vector<size_t> begins_;  // of the observed calls running
+  StepPhase phase_;
+  std::string refusal_;
+};
+
+}  // namespace
+
+std::vector<int64_t> StepTrace::live() const {
+  std::vector<int64_t> live(events.size());
+  int64_t bytes = 0;
+  for (size_t e = 0; e < events.size(); ++e) {
+    bytes += events[e].delta;
+    live[e] = bytes;
+  }
+  return live;
+}
+
+StepTrace record_step(const MemoryProbe& probe, const std::function<void()>& step) {
+  TORCH_CHECK(probe.live && probe.peak && probe.reset_peak,
+              "sac::measure_step_phases: the probe needs live, peak and reset_peak.");
+  // c10's memory reporting is thread-local: the scratch buffers that CPU
+  // kernels allocate on their intra-op worker threads are not reported, and
+  // a plan's step can peak on one of them (a 40-byte buffer of a reduction
+  // did, on Hugging Face's BART with two threads).
+  TORCH_CHECK(probe.device.type() != c10::kCPU || at::get_num_threads() == 1,
+              "sac::measure_step_phases: the CPU runs ops on ", at::get_num_threads(),
+              " intra-op threads, whose scratch allocations c10's memory reporting does not "
+              "see from the step's thread, so the prediction would guess. Measure, and run the "
+              "steps whose peak must hold, with one thread: at::set_num_threads(1) "
+              "(torch.set_num_threads(1)).");
+  // What serving a kept random call allocates to restore a CPU generator.
+  const int64_t rng_state_bytes =
+      static_cast<int64_t>(at::detail::getDefaultCPUGenerator().get_state().nbytes());
+  // Under per-op kernels, the cacheable ops must be intercepted to be seen.
+  dispatch::intercept_ops_matching(&policy::is_cacheable);
+  auto* previous = static_cast<c10::MemoryReportingInfoBase*>(
+      c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE));
+  auto recorder = std::make_shared<Recorder>(probe.device, previous);
+  const int64_t base = probe.live();
+  probe.reset_peak();
+  {
+    c10::DebugInfoGuard reporting(c10::DebugInfoKind::PROFILER_STATE, recorder);
+    detail::RegionEventsGuard listening(recorder.get());
+    dispatch::ObserverGuard observing(recorder.get());
+    step();
+  }
+  const int64_t measured = probe.peak() - base;
+  StepTrace trace = recorder->finish();
+  trace.rng_state_bytes = rng_state_bytes;
+  trace.on_cpu = probe.device.type() == c10::kCPU;
+  int64_t peak = 0;
+  for (const int64_t bytes : trace.live()) {
+    peak = std::max(peak, bytes);
+  }
+  TORCH_CHECK(peak == measured, "sac::measure_step_phases: the allocator of ", probe.device,
+              " reported allocations that peak at ", peak, " bytes over the step's start, but "
+              "the probe measured ", measured, ": the allocator does not report every "
+              "allocation and free to c10's memory reporting (c10::reportMemoryUsageToProfiler), "
+              "or the step allocated on another thread. The prediction would guess; it is not "
+              "made. Use an allocator that reports (the counting allocator of "
+              "examples/support.h; CUDA's caching allocator), and run the step on one thread.");
+  for (size_t r = 0; r < trace.regions.size(); ++r) {
+    TORCH_CHECK(trace.regions[r].forward_end != kNever,
+                "sac::measure_step_phases: region ", r, "'s forward did not end in the step.");
+  }
+  return trace;
+}
+
+}  // namespace sac::lab

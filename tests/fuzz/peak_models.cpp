@@ -1,0 +1,647 @@
+// sac_peak_models: the step-peak planner (sac/lab/peak.h) against models it
+// has never seen.
+//
+// Each case is a random model generated from a 64-bit seed, from a
+// vocabulary of image layers (conv, BatchNorm in training, pooling) and
+// sequence layers (linear on 2-D and 3-D input, LayerNorm, attention through
+// sdpa and written out by hand with a mask built in the forward, softmax),
+// activations in place and not, chains of scalings, views, reshapes and
+// transposes, dropout, residual adds in place, split into several regions of
+// different sizes with plain code between them. Its step is measured once
+// under full recomputation, then run under random policies, random byte
+// budgets' plans and random peak budgets' plans, each measured by the
+// counting allocator. Properties, per case:
+//   1. every prediction equals the measured peak, to the byte;
+//   2. a peak plan's measured peak is at most its budget;
+//   3. a peak plan's recomputation never grows with its budget;
+//   4. every step's loss and gradients are bit-identical to the plain step.
+// A prediction the model refuses (documented in peak.h) is counted, not
+// failed.
+//
+//   sac_peak_models [--cases N] [--seed S] [--replay SEED] [--verbose]
+//   env: SAC_DISPATCH (per_op | fallback), SAC_PEAK_CASES (overrides --cases)
+//
+// The last line is "N passed, M failed"; exit status 1 if any case failed.
+#include "examples/support.h"
+
+#include <sac/sac.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <limits>
+#include <optional>
+#include <iostream>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+using sac_examples::CountingAllocator;
+using Rng = std::mt19937_64;
+
+int64_t pick(Rng& rng, int64_t lo, int64_t hi) {  // in [lo, hi]
+  return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+}
+bool chance(Rng& rng, double p) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; }
+
+// One layer of a model: its parameters and buffers, and what it does.
+struct Layer {
+  std::string name;
+  std::vector<at::Tensor> params;
+  std::vector<at::Tensor> buffers;
+  std::function<at::Tensor(const at::Tensor&)> apply;
+};
+
+at::Tensor param(std::vector<int64_t> sizes, double scale) {
+  return (torch::randn(sizes) * scale).set_requires_grad(true);
+}
+
+// A random model over [B, C, H, W] images or [B, T, D] sequences.
+struct Model {
+  bool image = false;
+  std::vector<Layer> layers;
+  // Layers [begin, end) of each region; the others run plainly.
+  std::vector<std::pair<size_t, size_t>> regions;
+  at::Tensor x;
+  std::string listing;
+
+  std::vector<at::Tensor> params() const {
+    std::vector<at::Tensor> out{x};
+    for (const Layer& l : layers) {
+      out.insert(out.end(), l.params.begin(), l.params.end());
+    }
+    return out;
+  }
+};
+
+Layer scalings(Rng& rng) {
+  const int64_t n = pick(rng, 1, 4);
+  std::vector<double> factors;
+  for (int64_t i = 0; i < n; ++i) {
+    factors.push_back(0.5 + 0.25 * static_cast<double>(pick(rng, 0, 4)));
+  }
+  return {"scalings x" + std::to_string(n), {}, {}, [factors](const at::Tensor& h) {
+            at::Tensor t = h;
+            for (size_t i = 0; i < factors.size(); ++i) {
+              t = i % 2 == 0 ? t * factors[i] : t / factors[i];
+            }
+            return t;
+          }};
+}
+
+Layer activation(Rng& rng) {
+  const int64_t kind = pick(rng, 0, 5);
+  const bool in_place = chance(rng, 0.4);
+  const char* names[] = {"relu", "gelu", "tanh", "sigmoid", "silu", "softmax"};
+  std::string name = std::string(names[kind]) + (in_place && kind != 1 && kind < 4 ? "_" : "");
+  return {name, {}, {}, [kind, in_place](const at::Tensor& h) {
+            if (in_place && kind != 1 && kind < 4) {
+              at::Tensor t = h * 1.0;  // a fresh tensor that nothing saved
+              switch (kind) {
+                case 0: return t.relu_();
+                case 2: return t.tanh_();
+                default: return t.sigmoid_();
+              }
+            }
+            switch (kind) {
+              case 0: return at::relu(h);
+              case 1: return at::gelu(h);
+              case 2: return at::tanh(h);
+              case 3: return at::sigmoid(h);
+              case 4: return at::silu(h);
+              default: return at::softmax(h, -1);
+            }
+          }};
+}
+
+Layer dropout(Rng& rng) {
+  const double p = 0.1 * static_cast<double>(pick(rng, 1, 4));
+  return {"dropout", {}, {}, [p](const at::Tensor& h) { return at::dropout(h, p, true); }};
+}
+
+// Adds `inner` of h to h: out of place, or in place on inner's fresh output.
+Layer residual(Layer inner, bool in_place) {
+  auto f = inner.apply;
+  inner.name = "residual(" + inner.name + (in_place ? ", add_)" : ")");
+  inner.apply = [f, in_place](const at::Tensor& h) {
+    at::Tensor r = f(h);
+    if (in_place) {
+      r = r * 1.0;
+      return r.add_(h);
+    }
+    return r + h;
+  };
+  return inner;
+}
+
+// ---- Sequences: [B, T, D] ------------------------------------------------------
+
+Layer linear(Rng& rng, int64_t d) {
+  at::Tensor w = param({d, d}, 1.0 / std::sqrt(static_cast<double>(d)));
+  at::Tensor b = param({d}, 0.1);
+  const bool flat = chance(rng, 0.5);
+  // On 3-D input, the path at::linear takes where it cannot fold the batch
+  // (a non-contiguous input): aten::matmul, then the bias added in place, so
+  // a kept matmul output is modified later in the forward. On 2-D input:
+  // aten::addmm.
+  return {flat ? "linear(2-D)" : "linear(3-D)", {w, b}, {}, [w, b, flat](const at::Tensor& h) {
+            if (!flat) {
+              return at::matmul(h, w.t()).add_(b);
+            }
+            return at::linear(h.reshape({-1, h.size(2)}), w, b).view(h.sizes());
+          }};
+}
+
+Layer mlp(Rng& rng, int64_t d) {
+  const int64_t hidden = d * pick(rng, 1, 4);
+  at::Tensor w1 = param({hidden, d}, 1.0 / std::sqrt(static_cast<double>(d)));
+  at::Tensor b1 = param({hidden}, 0.1);
+  at::Tensor w2 = param({d, hidden}, 1.0 / std::sqrt(static_cast<double>(hidden)));
+  at::Tensor b2 = param({d}, 0.1);
+  return {"mlp x" + std::to_string(hidden / d), {w1, b1, w2, b2}, {},
+          [=](const at::Tensor& h) {
+            at::Tensor flat = h.reshape({-1, h.size(2)});
+            return at::linear(at::gelu(at::linear(flat, w1, b1)), w2, b2).view(h.sizes());
+          }};
+}
+
+Layer layer_norm(int64_t d) {
+  at::Tensor w = param({d}, 1.0) + 1.0;
+  w = w.detach().set_requires_grad(true);
+  at::Tensor b = param({d}, 0.1);
+  return {"layer_norm", {w, b}, {}, [w, b, d](const at::Tensor& h) {
+            return at::layer_norm(h, {d}, w, b);
+          }};
+}
+
+Layer batch_norm_1d(int64_t d) {
+  at::Tensor w = param({d}, 0.1);
+  at::Tensor b = param({d}, 0.1);
+  at::Tensor mean = torch::zeros({d}), var = torch::ones({d});
+  return {"batch_norm(1-D)", {w, b}, {mean, var}, [=](const at::Tensor& h) {
+            at::Tensor flat = h.reshape({-1, d});
+            return at::batch_norm(flat, w, b, mean, var, true, 0.1, 1e-5, false).view(h.sizes());
+          }};
+}
+
+// Attention: q, k, v from one projection; sdpa (causal, or with a mask made
+// here) or written out (scores, a scale, a mask built in the forward,
+// softmax, dropout, the product).
+Layer attention(Rng& rng, int64_t d) {
+  const int64_t heads = d % 2 == 0 && chance(rng, 0.5) ? 2 : 1;
+  at::Tensor w = param({3 * d, d}, 1.0 / std::sqrt(static_cast<double>(d)));
+  at::Tensor proj = param({d, d}, 1.0 / std::sqrt(static_cast<double>(d)));
+  const int64_t kind = pick(rng, 0, 2);
+  const double p = chance(rng, 0.5) ? 0.1 : 0.0;
+  const char* names[] = {"attention(sdpa, causal)", "attention(sdpa, mask)", "attention(by hand)"};
+  return {names[kind], {w, proj}, {}, [=](const at::Tensor& h) {
+            const int64_t B = h.size(0), T = h.size(1);
+            auto parts = at::linear(h, w).split(d, 2);
+            auto split = [&](const at::Tensor& t) {
+              return t.reshape({B, T, heads, d / heads}).transpose(1, 2);
+            };
+            at::Tensor q = split(parts[0]), k = split(parts[1]), v = split(parts[2]);
+            at::Tensor out;
+            if (kind == 0) {
+              out = at::scaled_dot_product_attention(q, k, v, {}, 0.0, true);
+            } else {
+              at::Tensor mask = torch::ones({T, T}, torch::kBool).tril();
+              if (kind == 1) {
+                out = at::scaled_dot_product_attention(q, k, v, mask);
+              } else {
+                at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) /
+                                    std::sqrt(static_cast<double>(d / heads));
+                scores = scores.masked_fill(mask.logical_not(), -1e9);
+                out = at::matmul(at::dropout(at::softmax(scores, -1), p, true), v);
+              }
+            }
+            return at::linear(out.transpose(1, 2).reshape({B, T, d}), proj);
+          }};
+}
+
+Layer shuffle() {
+  return {"transpose+reshape", {}, {}, [](const at::Tensor& h) {
+            return h.transpose(0, 1).contiguous().transpose(0, 1).reshape(h.sizes());
+          }};
+}
+
+Layer sequence_layer(Rng& rng, int64_t d) {
+  switch (pick(rng, 0, 10)) {
+    case 0: return linear(rng, d);
+    case 1: return mlp(rng, d);
+    case 2: return layer_norm(d);
+    case 3: return batch_norm_1d(d);
+    case 4: return attention(rng, d);
+    case 5: return residual(attention(rng, d), chance(rng, 0.5));
+    case 6: return residual(mlp(rng, d), chance(rng, 0.5));
+    case 7: return scalings(rng);
+    case 8: return dropout(rng);
+    case 9: return shuffle();
+    default: return activation(rng);
+  }
+}
+
+// ---- Images: [B, C, H, W] --------------------------------------------------------
+
+Layer conv(Rng& rng, int64_t c) {
+  at::Tensor w = param({c, c, 3, 3}, 1.0 / std::sqrt(9.0 * static_cast<double>(c)));
+  at::Tensor b = param({c}, 0.1);
+  const bool bias = chance(rng, 0.5);
+  return {bias ? "conv" : "conv(no bias)", bias ? std::vector<at::Tensor>{w, b}
+                                                : std::vector<at::Tensor>{w},
+          {}, [=](const at::Tensor& h) {
+            return at::conv2d(h, w, bias ? b : at::Tensor(), 1, 1);
+          }};
+}
+
+Layer batch_norm_2d(int64_t c) {
+  at::Tensor w = param({c}, 0.1);
+  at::Tensor b = param({c}, 0.1);
+  at::Tensor mean = torch::zeros({c}), var = torch::ones({c});
+  return {"batch_norm", {w, b}, {mean, var}, [=](const at::Tensor& h) {
+            return at::batch_norm(h, w, b, mean, var, true, 0.1, 1e-5, false);
+          }};
+}
+
+Layer pool(Rng& rng) {
+  const bool max = chance(rng, 0.5);
+  // Same size out: a 3x3 window, stride 1, padding 1.
+  return {max ? "max_pool" : "avg_pool", {}, {}, [max](const at::Tensor& h) {
+            return max ? at::max_pool2d(h, {3, 3}, {1, 1}, {1, 1})
+                       : at::avg_pool2d(h, {3, 3}, {1, 1}, {1, 1});
+          }};
+}
+
+Layer image_layer(Rng& rng, int64_t c) {
+  switch (pick(rng, 0, 8)) {
+    case 0:
+    case 1: return conv(rng, c);
+    case 2: return batch_norm_2d(c);
+    case 3: return pool(rng);
+    case 4: return residual(conv(rng, c), chance(rng, 0.5));
+    case 5: return scalings(rng);
+    case 6: return dropout(rng);
+    default: return activation(rng);
+  }
+}
+
+Model generate(uint64_t seed) {
+  Rng rng(seed);
+  torch::manual_seed(static_cast<int64_t>(seed % 100003));
+  Model m;
+  m.image = chance(rng, 0.4);
+  const int64_t n = pick(rng, 3, 12);
+  const int64_t width = m.image ? pick(rng, 2, 6) : 4 * pick(rng, 1, 6);
+  for (int64_t i = 0; i < n; ++i) {
+    m.layers.push_back(m.image ? image_layer(rng, width) : sequence_layer(rng, width));
+  }
+  if (m.image) {
+    const int64_t side = pick(rng, 4, 10);
+    m.x = torch::randn({pick(rng, 1, 3), width, side, side}).set_requires_grad(true);
+  } else {
+    m.x = torch::randn({pick(rng, 1, 3), pick(rng, 3, 24), width}).set_requires_grad(true);
+  }
+  // Regions: 1 to 4 contiguous ranges, with plain layers between some.
+  const int64_t wanted = std::min<int64_t>(n, pick(rng, 1, 4));
+  size_t at = 0;
+  for (int64_t r = 0; r < wanted && at < m.layers.size(); ++r) {
+    if (chance(rng, 0.3) && at + 1 < m.layers.size()) {
+      ++at;  // a plain layer before this region
+    }
+    const size_t left = m.layers.size() - at;
+    const size_t len = static_cast<size_t>(pick(rng, 1, std::max<int64_t>(1, left / 2 + 1)));
+    m.regions.emplace_back(at, std::min(m.layers.size(), at + len));
+    at += len;
+  }
+  std::ostringstream out;
+  out << (m.image ? "image " : "sequence ") << m.x.sizes() << "\n";
+  for (size_t i = 0; i < m.layers.size(); ++i) {
+    int region = -1;
+    for (size_t r = 0; r < m.regions.size(); ++r) {
+      if (i >= m.regions[r].first && i < m.regions[r].second) {
+        region = static_cast<int>(r);
+      }
+    }
+    out << "  " << i << ": " << m.layers[i].name
+        << (region >= 0 ? "   [region " + std::to_string(region) + "]" : "") << "\n";
+  }
+  m.listing = out.str();
+  return m;
+}
+
+// ---- Steps ------------------------------------------------------------------------
+
+// What a step left: its loss, the gradients, and its peak over its start.
+struct Step {
+  std::vector<at::Tensor> values;
+  int64_t peak = 0;
+};
+
+void zero_grad(Model& m) {
+  for (at::Tensor& p : m.params()) {
+    p.mutable_grad() = at::Tensor();
+  }
+}
+
+// One step: every region checkpointed under its policy (none: no
+// checkpointing at all). `run_region` can replace how a region runs.
+using RunRegion = std::function<at::Tensor(size_t, const std::function<at::Tensor(const at::Tensor&)>&,
+                                           const at::Tensor&)>;
+
+at::Tensor forward(Model& m, const RunRegion& run_region) {
+  at::Tensor h = m.x;
+  size_t i = 0;
+  for (size_t r = 0; r <= m.regions.size(); ++r) {
+    const size_t until = r < m.regions.size() ? m.regions[r].first : m.layers.size();
+    for (; i < until; ++i) {
+      h = m.layers[i].apply(h);
+    }
+    if (r == m.regions.size()) {
+      break;
+    }
+    const auto [begin, end] = m.regions[r];
+    auto body = [&m, begin = begin, end = end](const at::Tensor& in) {
+      at::Tensor t = in;
+      for (size_t j = begin; j < end; ++j) {
+        t = m.layers[j].apply(t);
+      }
+      return t;
+    };
+    h = run_region(r, body, h);
+    i = end;
+  }
+  return h;
+}
+
+// The step's forward and backward: what its peak is measured over.
+at::Tensor run(Model& m, const std::vector<sac::Policy>* policies) {
+  torch::manual_seed(7);
+  at::Tensor out = forward(m, [&](size_t r, const auto& body, const at::Tensor& in) {
+    if (policies == nullptr) {
+      return body(in);
+    }
+    return sac::checkpoint(sac::CheckpointOptions().policy((*policies)[r]), body, in);
+  });
+  at::Tensor loss = (out * out).mean();
+  loss.backward();
+  return loss.detach();
+}
+
+Step step(Model& m, const std::vector<sac::Policy>* policies) {
+  zero_grad(m);
+  const int64_t before = CountingAllocator::live_bytes();
+  CountingAllocator::reset_peak();
+  at::Tensor loss = run(m, policies);
+  Step s;
+  s.peak = CountingAllocator::peak_bytes() - before;
+  s.values.push_back(loss);
+  for (const at::Tensor& p : m.params()) {
+    s.values.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor());
+  }
+  return s;
+}
+
+bool bit_identical(const Step& a, const Step& b) {
+  if (a.values.size() != b.values.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < a.values.size(); ++i) {
+    if (a.values[i].defined() != b.values[i].defined()) {
+      return false;
+    }
+    if (a.values[i].defined() && !at::equal(a.values[i], b.values[i])) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::vector<sac::Policy> same(const sac::Policy& p, size_t n) { return std::vector<sac::Policy>(n, p); }
+
+sac::Policy random_policy(Rng& rng) {
+  switch (pick(rng, 0, 6)) {
+    case 0: return sac::everything_saveable();
+    case 1: return sac::dots_saveable();
+    case 2: return sac::compute_intensive_ops();
+    case 3: return sac::outputs_larger_than(pick(rng, 1, 4) * 256);
+    default: {
+      const std::vector<std::string> names{
+          "aten::addmm", "aten::mm", "aten::bmm", "aten::convolution", "aten::gelu",
+          "aten::native_layer_norm", "aten::native_batch_norm", "aten::_softmax",
+          "aten::native_dropout", "aten::mul.*", "aten::div.*", "aten::add.*", "aten::tanh",
+          "aten::sigmoid", "aten::relu", "aten::_unsafe_view", "aten::max_pool2d_with_indices",
+          "aten::avg_pool2d", "aten::silu", "aten::_scaled_dot_product_flash_attention_for_cpu",
+          "aten::masked_fill.*", "aten::clone"};
+      std::vector<std::string> chosen;
+      for (const auto& name : names) {
+        if (chance(rng, 0.3)) {
+          chosen.push_back(name);
+        }
+      }
+      if (chosen.empty()) {
+        chosen.push_back("aten::mm");
+      }
+      return sac::Policy::save_ops(chosen);
+    }
+  }
+}
+
+struct Tally {
+  size_t predictions = 0, refused = 0, peak_plans = 0;
+};
+
+// Runs one case; returns the failures' descriptions (none: it passed).
+std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
+  Rng rng(seed ^ 0x9e3779b97f4a7c15ULL);
+  Model m = generate(seed);
+  std::vector<std::string> failures;
+  const size_t regions = m.regions.size();
+  auto fail = [&](std::string what) { failures.push_back(std::move(what)); };
+
+  const Step plain = step(m, nullptr);
+  const std::vector<sac::Policy> nothing = same(sac::nothing_saveable(), regions);
+  step(m, &nothing);  // one-time allocations out of the way
+  zero_grad(m);
+  const sac::MemoryProbe probe{[] { return CountingAllocator::live_bytes(); },
+                               [] { return CountingAllocator::peak_bytes(); },
+                               [] { CountingAllocator::reset_peak(); }};
+  const sac::StepPhases phases = sac::measure_step_phases(probe, [&] { run(m, &nothing); });
+  if (verbose) {
+    phases.print(std::cout);
+  }
+
+  // Profiles and explanations, each region at the input the step gives it.
+  std::vector<sac::RegionProfile> profiles;
+  torch::manual_seed(7);
+  forward(m, [&](size_t, const auto& body, const at::Tensor& in) {
+    at::Tensor out;
+    profiles.push_back(sac::profile([&] { out = body(in); }, 1));
+    return out;
+  });
+  // What each region's policy keeps, by sac::explain.
+  auto explained = [&](const std::vector<sac::Policy>& policies) {
+    std::vector<std::vector<sac::KeptCall>> kept;
+    torch::manual_seed(7);
+    forward(m, [&](size_t r, const auto& body, const at::Tensor& in) {
+      at::Tensor out;
+      kept.push_back(sac::explain(policies[r], [&] { out = body(in); }).kept_calls());
+      return out;
+    });
+    return kept;
+  };
+
+  // Checks a run under `policies` against `predicted` (if any) and plain.
+  auto check = [&](const std::string& what, const std::vector<sac::Policy>& policies,
+                   std::optional<int64_t> predicted, std::optional<int64_t> budget) {
+    const Step s = step(m, &policies);
+    if (!bit_identical(plain, s)) {
+      fail(what + ": gradients differ from the plain step");
+    }
+    if (predicted.has_value()) {
+      ++tally.predictions;
+      if (*predicted != s.peak) {
+        fail(what + ": predicted " + std::to_string(*predicted) + ", measured " +
+             std::to_string(s.peak) + " (" + std::to_string(*predicted - s.peak) + ")");
+      }
+    }
+    if (budget.has_value() && s.peak > *budget) {
+      fail(what + ": measured " + std::to_string(s.peak) + " over the budget of " +
+           std::to_string(*budget));
+    }
+    return s.peak;
+  };
+  auto predicted_or_refused = [&](const std::function<int64_t()>& predict) -> std::optional<int64_t> {
+    try {
+      return predict();
+    } catch (const c10::Error& e) {
+      const std::string message = e.what_without_backtrace();
+      if (message.find("lies on the storage of an earlier call") == std::string::npos) {
+        throw;
+      }
+      ++tally.refused;
+      if (verbose) {
+        std::cout << "refused: " << message << "\n";
+      }
+      return std::nullopt;
+    }
+  };
+
+  // Nothing kept: the measured step itself.
+  check("nothing kept", nothing, phases.peak(), std::nullopt);
+  // Random policies, each region's own or one for all.
+  for (int i = 0; i < 2; ++i) {
+    std::vector<sac::Policy> policies;
+    std::string names;
+    for (size_t r = 0; r < regions; ++r) {
+      policies.push_back(i == 0 && r > 0 ? policies.front() : random_policy(rng));
+      names += (r > 0 ? ", " : "") + policies.back().describe();
+    }
+    const auto kept = explained(policies);
+    check("policies [" + names + "]", policies,
+          predicted_or_refused([&] { return phases.predict_peak(kept); }), std::nullopt);
+  }
+  // Random byte budgets.
+  for (int i = 0; i < 2; ++i) {
+    const double fraction = static_cast<double>(pick(rng, 0, 10)) / 10.0;
+    const sac::BudgetedPlan plan = sac::budgeted_plan(profiles, sac::Budget::fraction(fraction));
+    check("byte plan at " + std::to_string(fraction), plan.policies,
+          predicted_or_refused([&] { return phases.predict_peak(plan); }), std::nullopt);
+  }
+  // Random peak budgets, ascending: measured under each, cost never rising.
+  const int64_t low = phases.peak();
+  const int64_t high =
+      phases.predict_peak(sac::budgeted_plan(profiles, sac::Budget::fraction(1.0)));
+  std::vector<int64_t> budgets{low};
+  for (int i = 0; i < 3; ++i) {
+    budgets.push_back(low + pick(rng, 0, std::max<int64_t>(0, high - low) + 64));
+  }
+  std::sort(budgets.begin(), budgets.end());
+  double last = std::numeric_limits<double>::infinity();
+  for (const int64_t budget : budgets) {
+    const sac::PeakPlan plan = phases.plan_for_peak(profiles, budget);
+    ++tally.peak_plans;
+    const std::string what = "peak plan at " + std::to_string(budget);
+    if (plan.predicted_peak > budget) {
+      fail(what + ": predicted " + std::to_string(plan.predicted_peak) + " over its budget");
+    }
+    if (plan.plan.recompute_seconds > last) {
+      fail(what + ": recomputes " + std::to_string(plan.plan.recompute_seconds) +
+           " s, more than at a smaller budget (" + std::to_string(last) + " s)");
+    }
+    last = plan.plan.recompute_seconds;
+    check(what, plan.plan.policies, plan.predicted_peak, budget);
+  }
+  return failures;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  size_t cases = 200;
+  uint64_t seed = 1;
+  std::vector<uint64_t> replay;
+  bool verbose = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--cases" && i + 1 < argc) {
+      cases = std::stoul(argv[++i]);
+    } else if (arg == "--seed" && i + 1 < argc) {
+      seed = std::stoull(argv[++i]);
+    } else if (arg == "--replay" && i + 1 < argc) {
+      replay.push_back(std::stoull(argv[++i]));
+    } else if (arg == "--verbose") {
+      verbose = true;
+    } else {
+      std::cerr << "usage: sac_peak_models [--cases N] [--seed S] [--replay SEED] [--verbose]\n";
+      return 2;
+    }
+  }
+  if (const char* env = std::getenv("SAC_PEAK_CASES")) {
+    cases = std::stoul(env);
+  }
+  CountingAllocator::install();
+  at::set_num_threads(1);
+  std::vector<uint64_t> seeds = replay;
+  if (seeds.empty()) {
+    Rng rng(seed);
+    for (size_t i = 0; i < cases; ++i) {
+      seeds.push_back(rng());
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  Tally tally;
+  size_t passed = 0, failed = 0;
+  for (const uint64_t s : seeds) {
+    std::vector<std::string> failures;
+    try {
+      failures = run_case(s, tally, verbose || !replay.empty());
+    } catch (const std::exception& e) {
+      failures.push_back(std::string("an exception: ") + e.what());
+    }
+    if (failures.empty()) {
+      ++passed;
+      continue;
+    }
+    ++failed;
+    std::cout << "FAILED seed " << s << " (replay: sac_peak_models --replay " << s << ")\n"
+              << generate(s).listing;
+    for (const auto& f : failures) {
+      std::cout << "  " << f.substr(0, f.find("\nException raised")) << "\n";
+    }
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << "sac_peak_models: " << seeds.size() << " models in " << seconds << " s; "
+            << tally.predictions << " predictions checked, " << tally.refused
+            << " refused (documented), " << tally.peak_plans << " peak plans\n";
+  std::cout << passed << " passed, " << failed << " failed\n";
+  return failed == 0 ? 0 : 1;
+}
