@@ -222,6 +222,10 @@ TEST_P(ValueCheck, AWriteThroughDataPtrBehindAutogradIsNamed) {
   for (const Entry entry : entries()) {
     SCOPED_TRACE(name_of(entry));
     const Outcome checked = only_the_value_check_catches(run, entry, x, expected, write, undo);
+    // The error begins with what the user called (the region guard's own).
+    expect_contains(checked.error, std::string(entry == Entry::Region ? "sac::CheckpointRegion"
+                                                                      : "sac::checkpoint") +
+                                       ": the recomputation of");
     expect_contains(checked.error, "gave a different value than its forward to tensor 3 of the 4");
     expect_contains(checked.error, "not made in the region (an input, a parameter, a buffer");
     expect_contains(checked.error, "saved for backward by aten::mul");
@@ -249,6 +253,29 @@ TEST_P(ValueCheck, AnOpThatDrawsFromItsOwnStateIsNamed) {
     expect_contains(checked.error,
                     entry == Entry::Applied ? "region `1`" : "a region with no name");
   }
+}
+
+// apply_activation_checkpointing without options: its regions take the
+// scope's options (here a debugging run's value check) and are still named
+// by module.
+TEST_P(ValueCheck, RegionsAppliedWithoutOptionsAreNamedByModule) {
+  torch::manual_seed(0);
+  const at::Tensor w = torch::randn({16, 16}, torch::requires_grad());
+  const at::Tensor x = torch::randn({8, 16}, torch::requires_grad());
+  torch::nn::Sequential model{torch::nn::Identity(), ProgramModule([&](const at::Tensor& in) {
+    return in.mm(w) * call("sac_values_test::drift", in.detach());
+  })};
+  ASSERT_EQ(sac::apply_activation_checkpointing(
+                model.ptr(), [](const std::string& name, const torch::nn::Module&) {
+                  return name == "1";
+                }),
+            1);
+  drift_calls = 0;
+  sac::DeterminismCheckGuard values(DeterminismCheck::Values);
+  const at::Tensor y = model->forward(x);
+  const std::string message =
+      sac_test::error_of([&] { torch::autograd::grad({y.sum()}, {x, w}); });
+  expect_contains(message, "sac::checkpoint: the recomputation of region `1` gave a different");
 }
 
 // A router: top-1 of scores from a tie broken by 1e-4, which the

@@ -197,7 +197,11 @@ void add_lab(py::module_& m) {
   m.def("measure_step_phases",
         [](const std::function<void()>& step, const std::function<int64_t()>& live,
            const std::function<int64_t()>& peak, const std::function<void()>& reset_peak) {
-          return measure_step_phases(MemoryProbe{live, peak, reset_peak}, step);
+          MemoryProbe probe;
+          probe.live = live;
+          probe.peak = peak;
+          probe.reset_peak = reset_peak;
+          return measure_step_phases(probe, step);
         },
         py::arg("step"), py::kw_only(), py::arg("live"), py::arg("peak"),
         py::arg("reset_peak"));

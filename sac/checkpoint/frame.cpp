@@ -201,7 +201,7 @@ at::Tensor CheckpointFrame::unpack_unchecked(Holder& holder) {
                         "sac: a saved tensor was not recomputed");
   SAC_CHECKPOINT_CHECK(
       !slot->second.unpacked,
-      "sac::checkpoint: a saved tensor is being unpacked a second time in the "
+      config_.api, ": a saved tensor is being unpacked a second time in the "
       "same backward pass. ",
       GraphExecGroup::current_id().has_value()
           ? "Two backward calls inside one sac::GraphExecGroup need the same "
@@ -262,7 +262,7 @@ void CheckpointFrame::save_recomputed(int64_t graph_task, const at::Tensor& valu
   }
   const size_t index = pass.saved++;
   SAC_CHECKPOINT_CHECK(index < holders_.size(),
-                       "sac::checkpoint: trying to save more tensors during "
+                       config_.api, ": trying to save more tensors during "
                        "recomputation than during the original forward pass "
                        "(", holders_.size(), " in forward). The checkpointed "
                        "function ran different ops when recomputed. ",
@@ -285,7 +285,7 @@ void CheckpointFrame::check_recomputed_tensors_match(int64_t graph_task) {
   const size_t saved = passes_[graph_task].saved;
   SAC_CHECKPOINT_CHECK(
       saved == holders_.size(),
-      "sac::checkpoint: a different number of tensors was saved during the "
+      config_.api, ": a different number of tensors was saved during the "
       "original forward and recomputation.\nNumber of tensors saved during "
       "forward: ", holders_.size(),
       "\nNumber of tensors saved during recomputation: ", saved,
@@ -313,7 +313,7 @@ void CheckpointFrame::check_recomputed_tensors_match(int64_t graph_task) {
   }
   SAC_CHECKPOINT_CHECK(
       mismatches.empty(),
-      "sac::checkpoint: recomputed values for the following tensors have "
+      config_.api, ": recomputed values for the following tensors have "
       "different metadata than during the forward pass.\n", mismatches,
       "The checkpointed function is not deterministic in shapes, dtypes or "
       "devices. ", kDebugTip,
@@ -351,7 +351,7 @@ void CheckpointFrame::check_value(size_t index, const at::Tensor& value) const {
     return;
   }
   SAC_CHECKPOINT_CHECK(
-      false, "sac::checkpoint: the recomputation of ", region_name(),
+      false, config_.api, ": the recomputation of ", region_name(),
       " gave a different value than its forward to tensor ", index, " of the ",
       holders_.size(), " that autograd saved there: ", values_[index].origin.describe(), ". ",
       same_metadata ? "Its values differ (checksum " + values_[index].checksum.str() +

@@ -139,7 +139,8 @@ CheckpointRegion::CheckpointRegion(const CheckpointOptions& options) {
               "autograd keeps saved inputs, and always checks them. Drop the "
               "option.");
   detail::install_hooking_engine();
-  const detail::FrameConfig config = detail::frame_config(options);
+  detail::FrameConfig config = detail::frame_config(options);
+  config.api = "sac::CheckpointRegion";
   auto active = std::make_unique<Active>();
   active->replay = std::make_shared<detail::RegionReplay>();
   auto frame = std::make_shared<detail::CheckpointFrame>(

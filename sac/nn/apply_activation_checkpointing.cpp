@@ -111,12 +111,8 @@ int64_t apply_activation_checkpointing(const std::shared_ptr<torch::nn::Module>&
   // is wrapped before the outer wrapper takes over the outer module's children.
   for (auto it = chosen.rbegin(); it != chosen.rend(); ++it) {
     torch::nn::AnyModule* entry = sequential_entry(*it);
-    std::optional<CheckpointOptions> named = options;
-    if (named.has_value() && named->name().empty()) {
-      named->name(it->name);  // for errors: "region `blocks.3`"
-    }
-    auto wrapper =
-        std::make_shared<CheckpointWrapperImpl<torch::nn::AnyModule>>(*entry, std::move(named));
+    auto wrapper = std::make_shared<CheckpointWrapperImpl<torch::nn::AnyModule>>(*entry, options);
+    wrapper->set_region_name(it->name);  // for errors: "region `blocks.3`", scoped options too
     *entry = torch::nn::AnyModule(wrapper);
     it->parent->replace_module(it->key, wrapper);
   }

@@ -12,7 +12,7 @@ CheckpointWrapperImpl<torch::nn::AnyModule>::CheckpointWrapperImpl(
 
 at::Tensor CheckpointWrapperImpl<torch::nn::AnyModule>::forward(at::Tensor input) {
   return sac::checkpoint(
-      detail::options_or_scoped(options_),
+      detail::options_or_scoped(options_, region_name_),
       [module = module_](const at::Tensor& x) {
         auto output = module->any_forward(x);
         const at::Tensor* tensor = output.try_get<at::Tensor>();
@@ -30,7 +30,9 @@ at::Tensor CheckpointWrapperImpl<torch::nn::AnyModule>::forward(at::Tensor input
 
 std::shared_ptr<torch::nn::Module> CheckpointWrapperImpl<torch::nn::AnyModule>::clone(
     const std::optional<torch::Device>& device) const {
-  return std::make_shared<CheckpointWrapperImpl>(module_->clone(device), options_);
+  auto copy = std::make_shared<CheckpointWrapperImpl>(module_->clone(device), options_);
+  copy->set_region_name(region_name_);
+  return copy;
 }
 
 }  // namespace sac

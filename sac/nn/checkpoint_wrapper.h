@@ -32,15 +32,22 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 
 namespace sac {
 namespace detail {
 
 // The options a wrapper's forward uses: its own, or else the innermost
-// CheckpointScope's on this thread at the time of the call.
-inline CheckpointOptions options_or_scoped(const std::optional<CheckpointOptions>& own) {
-  return own.has_value() ? *own : scoped_options();
+// CheckpointScope's on this thread at the time of the call; named `name`
+// (the module's qualified name) where they name no region.
+inline CheckpointOptions options_or_scoped(const std::optional<CheckpointOptions>& own,
+                                           const std::string& name = std::string()) {
+  CheckpointOptions options = own.has_value() ? *own : scoped_options();
+  if (options.name().empty() && !name.empty()) {
+    options.name(name);
+  }
+  return options;
 }
 
 }  // namespace detail
@@ -106,10 +113,16 @@ class CheckpointWrapperImpl<torch::nn::AnyModule> : public detail::StandIn {
   torch::nn::AnyModule& module() const { return *module_; }
   const std::optional<CheckpointOptions>& options() const { return options_; }
   void set_options(std::optional<CheckpointOptions> options) { options_ = std::move(options); }
+  // The name its regions get when their options name none (the scope's
+  // options too): apply_activation_checkpointing gives the module's
+  // qualified name, so errors say "region `blocks.3`".
+  const std::string& region_name() const { return region_name_; }
+  void set_region_name(std::string name) { region_name_ = std::move(name); }
 
  private:
   std::shared_ptr<torch::nn::AnyModule> module_;
   std::optional<CheckpointOptions> options_;
+  std::string region_name_;
 };
 
 // The holder, in the C++ frontend's idiom (a TORCH_MODULE-style handle):

@@ -36,6 +36,9 @@
 namespace sac::detail {
 
 struct FrameConfig {
+  // What the user called, as the frame's errors begin: "sac::checkpoint" or
+  // "sac::CheckpointRegion".
+  const char* api = "sac::checkpoint";
   bool early_stop = true;
   bool determinism_check = true;
   bool value_check = false;  // DeterminismCheck::Values
