@@ -17,18 +17,20 @@
 // it, the taken call allocates nothing in the recomputation, and its place
 // there is held by the kept storage for as long as the recomputed one was.
 // So the prediction is the peak of the changed list: on the CPU it equals
-// the counting allocator's peak to the byte (tests/peak_model_test.cpp checks
-// it on generated models).
+// the counting allocator's peak to the byte (tests/fuzz/peak_models.cpp
+// checks it on generated models, tests/peak_model_test.cpp on the shapes
+// that broke the first model).
 //
 // What the model does not cover is refused, not guessed: a measured step
 // that keeps outputs, nested regions, a recomputation inside a forward, a
 // region recomputed twice, an allocator whose reports miss bytes the probe
 // counts, a CPU step on several intra-op threads (their scratch buffers are
 // not reported to the step's thread), and a plan that keeps a call whose
-// output lies on the storage of a call it recomputes. On an accelerator the events are the caching
-// allocator's blocks (allocated bytes, rounded as it rounds them; not the
-// cached, reserved bytes), and a recomputation that autograd runs on a
-// device thread is not seen (measure_step_phases says so).
+// output lies on the storage of a call it recomputes. On an accelerator the
+// events are the caching allocator's blocks (allocated bytes, rounded as it
+// rounds them; not the cached, reserved bytes); a recomputation that
+// autograd runs on a device thread is not observed, so its calls are not
+// found there (no accelerator has run this).
 #pragma once
 
 #include <sac/lab/budget.h>
