@@ -11,7 +11,6 @@
 #include <optional>
 #include <sstream>
 #include <string>
-#include <tuple>
 #include <vector>
 
 namespace py = pybind11;
@@ -119,17 +118,6 @@ void add_lab(py::module_& m) {
   py::class_<BudgetedPlan>(m, "BudgetedPlan", "One budget shared by several regions.")
       .def_readonly("policies", &BudgetedPlan::policies)
       .def_readonly("budget_bytes", &BudgetedPlan::budget_bytes)
-      .def_property_readonly("kept_calls", [](const BudgetedPlan& p) {
-        // Per region, (op, call index, bytes) of each call it keeps.
-        std::vector<std::vector<std::tuple<std::string, size_t, int64_t>>> out;
-        for (const auto& region : p.kept_calls) {
-          auto& calls = out.emplace_back();
-          for (const KeptCall& k : region) {
-            calls.emplace_back(c10::toString(k.op.operator_name()), k.call, k.bytes);
-          }
-        }
-        return out;
-      })
       .def_readonly("kept_bytes", &BudgetedPlan::kept_bytes)
       .def_readonly("recompute_seconds", &BudgetedPlan::recompute_seconds)
       .def_readonly("exact", &BudgetedPlan::exact)

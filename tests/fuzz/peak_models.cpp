@@ -424,8 +424,6 @@ bool bit_identical(const Step& a, const Step& b) {
   return true;
 }
 
-std::vector<sac::Policy> same(const sac::Policy& p, size_t n) { return std::vector<sac::Policy>(n, p); }
-
 sac::Policy random_policy(Rng& rng) {
   switch (pick(rng, 0, 6)) {
     case 0: return sac::everything_saveable();
@@ -467,7 +465,7 @@ std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
   auto fail = [&](std::string what) { failures.push_back(std::move(what)); };
 
   const Step plain = step(m, nullptr);
-  const std::vector<sac::Policy> nothing = same(sac::nothing_saveable(), regions);
+  const std::vector<sac::Policy> nothing(regions, sac::nothing_saveable());
   step(m, &nothing);  // one-time allocations out of the way
   zero_grad(m);
   const sac::MemoryProbe probe{[] { return CountingAllocator::live_bytes(); },
