@@ -328,6 +328,25 @@ TEST(Region, OutsideTensorModifiedBeforeBackwardIsAnError) {
       << nested;
 }
 
+// A trace in the region (torch.compile's fake tensors are meta tensors
+// underneath) is refused as such, not as an op the recording cannot follow;
+// the region leaves nothing behind.
+TEST(Region, ATraceInsideIsRefusedAsOne) {
+  REQUIRE_REGION();
+  auto x = torch::randn({4}, torch::requires_grad());
+  const auto message = error_of([&] {
+    sac::CheckpointRegion region;
+    (void)(x * 2).sin();
+    (void)torch::empty({4}, torch::kMeta).sin();
+  });
+  EXPECT_NE(message.find("sac::CheckpointRegion: the region runs aten::"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("as part of a trace"), std::string::npos) << message;
+  EXPECT_NE(message.find("torch.compile is not supported inside it"), std::string::npos)
+      << message;
+  EXPECT_EQ(sac::dispatch::active_interceptor(), nullptr);
+}
+
 // An exception inside the region: nothing stays active on the thread, the
 // recording's memory is freed, and a later region works.
 TEST(Region, ExceptionLeavesNoStateAndNoMemory) {

@@ -40,6 +40,12 @@ at::Tensor drift(const at::Tensor& x) {
 // The router's scores as given on the first call; on later calls column 1
 // raised by 2e-4.
 std::atomic<int> jitter_calls{0};
+
+// Host data that changes with every call: torch::tensor of a new vector.
+std::atomic<int> host_calls{0};
+at::Tensor host_scale(int64_t n) {
+  return torch::tensor(std::vector<float>(n, 1.0f + 0.25f * host_calls++));
+}
 at::Tensor jitter(const at::Tensor& x) {
   at::Tensor y = x.clone();
   if (jitter_calls++ > 0) {
@@ -133,6 +139,7 @@ class ProgramRuns {
   static void reset() {
     drift_calls = 0;
     jitter_calls = 0;
+    host_calls = 0;
   }
 
   at::Tensor forward(Entry entry, const sac::CheckpointOptions& options,
@@ -237,21 +244,119 @@ TEST_P(ValueCheck, AWriteThroughDataPtrBehindAutogradIsNamed) {
   }
 }
 
+// Named by the op that made the tensor: the drift op, whose output mul
+// saves; and tanh's output, which autograd saves before tanh has returned,
+// as tanh's own (not as a tensor from outside the region).
 TEST_P(ValueCheck, AnOpThatDrawsFromItsOwnStateIsNamed) {
   torch::manual_seed(0);
   const at::Tensor w = torch::randn({16, 16}, torch::requires_grad());
   const at::Tensor x = torch::randn({8, 16}, torch::requires_grad());
-  const ProgramRuns run([&](const at::Tensor& in) {
-    return in.mm(w) * call("sac_values_test::drift", in.detach());
-  }, {x, w});
+  const std::vector<std::pair<Program, std::string>> programs = {
+      {[&](const at::Tensor& in) { return in.mm(w) * call("sac_values_test::drift", in.detach()); },
+       "made by sac_values_test::drift (its call 0 in the region), saved for backward by "
+       "aten::mul"},
+      {[&](const at::Tensor& in) {
+         return at::tanh(in.mm(w) + call("sac_values_test::drift", in.detach()));
+       },
+       "to tensor 2 of the 3 that autograd saved there: made and saved for backward by "
+       "aten::tanh (its call 0 in the region)."}};
+  for (const auto& [program, named] : programs) {
+    const ProgramRuns run(program, {x, w});
+    const auto expected = run.plain(x);
+    for (const Entry entry : entries()) {
+      SCOPED_TRACE(name_of(entry));
+      const Outcome checked = only_the_value_check_catches(run, entry, x, expected);
+      expect_contains(checked.error, named);
+      expect_contains(checked.error,
+                      entry == Entry::Applied ? "region `1`" : "a region with no name");
+    }
+  }
+}
+
+// torch::tensor(host values) in the region: aten::empty makes the storage,
+// its values come through the data pointer. (The region guard replays the
+// values it recorded: exact.)
+TEST_P(ValueCheck, HostDataIsNamedAsHostData) {
+  torch::manual_seed(0);
+  const at::Tensor w = torch::randn({16, 16}, torch::requires_grad());
+  const at::Tensor x = torch::randn({8, 16}, torch::requires_grad());
+  const ProgramRuns run([&](const at::Tensor& in) { return in.mm(w) * host_scale(16); }, {x, w});
   const auto expected = run.plain(x);
   for (const Entry entry : entries()) {
     SCOPED_TRACE(name_of(entry));
+    if (entry == Entry::Region) {
+      const Outcome replayed = run.checkpointed(entry, with_check(DeterminismCheck::Values), x);
+      EXPECT_TRUE(replayed.error.empty()) << replayed.error;
+      sac_test::expect_bit_identical(expected, replayed.grads);
+      continue;
+    }
     const Outcome checked = only_the_value_check_catches(run, entry, x, expected);
-    expect_contains(checked.error, "made by sac_values_test::drift (its call 0 in the region), "
-                                   "saved for backward by aten::mul");
-    expect_contains(checked.error,
-                    entry == Entry::Applied ? "region `1`" : "a region with no name");
+    expect_contains(checked.error, "host data: made by aten::empty");
+    expect_contains(checked.error, "then filled through its data pointer, as torch::tensor(...) "
+                                   "fills it, saved for backward by aten::mul");
+  }
+}
+
+// BatchNorm in training with a backward inside the forward: the inner
+// backward recomputes the region so far, after BatchNorm updated its
+// running statistics (saved before, through a schema that does not say it
+// writes them), and its own backward saves them again. None of it is a
+// recomputation reading different values: no error, exact gradients.
+TEST_P(ValueCheck, BatchNormWithABackwardInsideTheForwardIsNoFalseAlarm) {
+  torch::manual_seed(0);
+  torch::nn::Linear linear(16, 16);
+  torch::nn::BatchNorm1d norm(16);
+  const at::Tensor x = torch::randn({8, 16}, torch::requires_grad());
+  const ProgramRuns run([&](const at::Tensor& in) {
+    const at::Tensor h = norm->forward(linear->forward(in));
+    const at::Tensor g =
+        torch::autograd::grad({h.sin().sum()}, {in}, {}, /*retain_graph=*/true,
+                              /*create_graph=*/true)[0];
+    return (h * g.sum(1, true)).tanh();
+  }, {x, linear->weight, norm->weight, norm->bias});
+  const auto expected = run.plain(x);
+  for (const Entry entry : entries()) {
+    SCOPED_TRACE(name_of(entry));
+    for (const DeterminismCheck check : {DeterminismCheck::Default, DeterminismCheck::Values}) {
+      const Outcome outcome = run.checkpointed(entry, with_check(check), x);
+      EXPECT_TRUE(outcome.error.empty()) << outcome.error;
+      sac_test::expect_bit_identical(expected, outcome.grads);
+    }
+  }
+}
+
+// Running statistics saved after another region's recomputation updated
+// them: a region under the value check differentiates, inside its forward,
+// through a BatchNorm checkpointed in another region (found by the fuzzer).
+// That region recomputes then, and again when this one recomputes; each time
+// BatchNorm updates its statistics, and its backward saves them here. Not a
+// recomputation reading different values: no error, exact gradients.
+TEST_P(ValueCheck, RunningStatisticsAnotherRegionUpdatesAreNoFalseAlarm) {
+  torch::manual_seed(0);
+  torch::nn::BatchNorm1d norm(16);
+  const at::Tensor x = torch::randn({8, 16}, torch::requires_grad());
+  const at::Tensor w = torch::randn({16, 16}, torch::requires_grad());
+  auto normed = [&](const at::Tensor& in) { return norm->forward(in.mm(w)); };
+  auto uses_grad = [&](const at::Tensor& h) {
+    return [&x, h](const at::Tensor& in) {
+      const at::Tensor g = torch::autograd::grad({(h.sin() * in).sum()}, {x}, {},
+                                                 /*retain_graph=*/true, /*create_graph=*/true)[0];
+      return (g * in).tanh();
+    };
+  };
+  auto grads = [&](bool checkpointed) {
+    const at::Tensor h = checkpointed ? sac::checkpoint(normed, x) : normed(x);
+    const at::Tensor y = h * 2;
+    const at::Tensor out =
+        checkpointed ? sac::checkpoint(with_check(DeterminismCheck::Values), uses_grad(h), y)
+                     : uses_grad(h)(y);
+    return torch::autograd::grad({out.sum()}, {x, w, norm->weight, norm->bias});
+  };
+  const auto expected = grads(false);
+  try {
+    sac_test::expect_bit_identical(expected, grads(true));
+  } catch (const c10::Error& e) {
+    FAIL() << e.what_without_backtrace();
   }
 }
 

@@ -81,3 +81,37 @@ def test_every_nth_counts_the_traced_calls():
     _, nothing = compiled_step(sac.context_fn(sac.nothing_saveable()))
     _, all_three = compiled_step(sac.context_fn([aten.mm.default]))
     assert nothing < second < all_three
+
+
+FALLBACK = sac.mechanism().startswith("fallback")
+needs_fallback = pytest.mark.skipif(
+    not FALLBACK, reason="the region guard needs the fallback key (SAC_DISPATCH=fallback)")
+
+
+@needs_fallback
+@pytest.mark.parametrize("warm", [False, True], ids=["compiled_in_the_region", "compiled_before"])
+def test_a_compiled_call_in_a_region_says_torch_compile_is_not_supported(warm):
+    # Compiled before or not, the call is traced under the region (its guards
+    # see the region's dispatch state): a clear error, not a recording one.
+    torch._dynamo.reset()
+    fn = torch.compile(block, backend="aot_eager")
+    args = leaves()
+    if warm:
+        fn(*args).sum().backward()
+    with pytest.raises(Exception, match="as part of a trace .*torch.compile is not supported"):
+        with sac.region():
+            fn(*args)
+
+
+@needs_fallback
+def test_a_region_inside_a_compiled_function_says_torch_compile_is_not_supported():
+    # Dynamo does not trace sac.region: it breaks the graph there, enters the
+    # region eagerly and traces what follows under it.
+    def checkpointed(*a):
+        with sac.region([aten.mm.default]):
+            return block(*a)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(checkpointed, backend="aot_eager")
+    with pytest.raises(Exception, match="as part of a trace .*torch.compile is not supported"):
+        compiled(*leaves())

@@ -429,7 +429,9 @@ OpCache::Served OpCache::take(const c10::OperatorHandle& op, size_t index,
               ") were already used by an earlier backward. Such a region can "
               "be backwarded once; run its forward again before another "
               "backward, or checkpoint it without a policy (full "
-              "recomputation allows retain_graph).");
+              "recomputation allows retain_graph). A backward inside another "
+              "(torch::autograd::grad in a custom Function's backward) that "
+              "needs a tensor saved in the region is another backward too.");
   TORCH_INTERNAL_ASSERT(call.state == Call::State::Saved);
   if (!allow_mutation) {
     const auto modified = first_modified(call);

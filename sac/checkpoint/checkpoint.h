@@ -32,7 +32,10 @@ namespace sac {
 // at::Tensor, std::optional<at::Tensor> and std::vector<at::Tensor> arguments
 // are saved the way autograd saves inputs, and modifying one in place before
 // backward is an error. Keep objects that must not be copied (modules) in
-// `fn`'s captures, or pass std::ref.
+// `fn`'s captures, or pass std::ref. `fn` is called again in backward, after
+// the caller has returned: what it captures by reference must outlive the
+// backward (a lambda `[&]` over the locals of a custom Function's forward
+// reads freed memory then; pass them as arguments instead).
 //
 // Under no_grad, `fn(args...)` just runs. Errors in recomputation are
 // sac::CheckpointError (a c10::Error).

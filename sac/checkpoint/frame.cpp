@@ -1,6 +1,7 @@
 #include <sac/checkpoint/internal/frame.h>
 
 #include <sac/base/internal/check.h>
+#include <sac/base/internal/storage_key.h>
 #include <sac/base/internal/version_watch.h>
 #include <sac/checkpoint/graph_exec_group.h>
 #include <sac/checkpoint/internal/profiler_scope.h>
@@ -13,6 +14,8 @@
 #include <atomic>
 #include <optional>
 #include <sstream>
+#include <unordered_set>
+#include <utility>
 
 namespace sac::detail {
 
@@ -162,10 +165,18 @@ std::shared_ptr<Holder> CheckpointFrame::add_holder(const at::Tensor& packed) {
     metadata_.push_back({packed.sizes().vec(), packed.scalar_type(), packed.device()});
   }
   if (config_.value_check) {
-    SavedValue saved{ValueChecksum::of(packed), origins_.of(packed)};
+    origins_.note_saved(packed);
+    const SavedOrigin& origin = origins_.saved(values_.size());
+    SavedValue saved;
+    saved.checksum = ValueChecksum::of(packed);
     saved.version = version_of(packed);
-    if (!saved.origin.made.has_value()) {
-      saved.outside.emplace(packed.getIntrusivePtr());  // compared again at the forward's end
+    // A batch norm's running statistics: every run of such an op updates
+    // them, a recomputation's too, so their values are not compared.
+    saved.written_by_region = origin.state;
+    if (!origin.state && !origin.made.has_value()) {
+      // Made outside, or by the op saving it, which has not returned: which
+      // one is known by the time the region's writes are noted.
+      saved.outside.emplace(packed.getIntrusivePtr());
     }
     values_.push_back(std::move(saved));
   }
@@ -225,6 +236,11 @@ void CheckpointFrame::recompute(int64_t graph_task) {
   // held by an enclosing region, whose recomputation the pass's start
   // begins: isolated too, and before this region's state is restored.
   dispatch::IsolationGuard isolate;
+  if (config_.value_check && !forward_completed_) {
+    // A backward inside the forward: what the region has written so far is
+    // known now, not at the forward's end (Note [Written by the region]).
+    note_written_outside_tensors(/*forward_ended=*/false);
+  }
   // After the isolation: a listener may observe the recomputation's ops.
   if (RegionEvents* events = region_events()) {
     events->recomputation_began(this);
@@ -268,7 +284,7 @@ void CheckpointFrame::save_recomputed(int64_t graph_task, const at::Tensor& valu
                        "function ran different ops when recomputed. ",
                        kDebugTip);
   if (config_.value_check) {
-    check_value(index, value);
+    check_value(index, value, pass);
   }
   if (auto holder = holders_[index].lock()) {
     // A holder freed by a backward inside the forward needs nothing.
@@ -282,6 +298,9 @@ void CheckpointFrame::save_recomputed(int64_t graph_task, const at::Tensor& valu
 }
 
 void CheckpointFrame::check_recomputed_tensors_match(int64_t graph_task) {
+  if (config_.value_check) {
+    check_unchecked_values(passes_[graph_task]);
+  }
   const size_t saved = passes_[graph_task].saved;
   SAC_CHECKPOINT_CHECK(
       saved == holders_.size(),
@@ -321,13 +340,40 @@ void CheckpointFrame::check_recomputed_tensors_match(int64_t graph_task) {
       "only if the difference is intended.");
 }
 
-void CheckpointFrame::note_written_outside_tensors() {
-  for (SavedValue& value : values_) {
-    if (value.outside.has_value()) {
-      if (auto alive = value.outside->lock()) {
-        value.written_by_region =
-            !ValueChecksum::of(at::Tensor(std::move(alive))).matches(value.checksum);
+void CheckpointFrame::note_written_outside_tensors(bool forward_ended) {
+  // By storage: once the region wrote a storage, every tensor it saved of
+  // it is out of the comparison, those saved after the write too (their
+  // values count the writes of this forward, which a recomputation inside
+  // it ran once more: BatchNorm's backward inside the forward saves running
+  // statistics a recomputation updated). Each tensor's value now is
+  // compared with its first save, once.
+  std::unordered_set<const c10::StorageImpl*> written;
+  std::unordered_set<const c10::TensorImpl*> compared;
+  for (const auto index : c10::irange(values_.size())) {
+    SavedValue& value = values_[index];
+    if (value.outside.has_value() && origins_.saved(index).made.has_value()) {
+      value.outside.reset();  // its op's own output: made in the region
+    }
+    if (!value.outside.has_value()) {
+      continue;
+    }
+    if (auto alive = value.outside->lock()) {
+      const at::Tensor tensor(std::move(alive));
+      if (value.written_by_region ||
+          (compared.insert(tensor.unsafeGetTensorImpl()).second &&
+           !ValueChecksum::of(tensor).matches(value.checksum))) {
+        written.insert(storage_key(tensor));
       }
+    }
+  }
+  for (SavedValue& value : values_) {
+    if (!value.outside.has_value()) {
+      continue;
+    }
+    if (auto alive = value.outside->lock()) {
+      value.written_by_region = written.count(storage_key(at::Tensor(std::move(alive)))) > 0;
+    }
+    if (forward_ended) {
       value.outside.reset();
     }
   }
@@ -339,33 +385,55 @@ std::string CheckpointFrame::region_name() const {
              : "region `" + config_.name + "`";
 }
 
-void CheckpointFrame::check_value(size_t index, const at::Tensor& value) const {
+void CheckpointFrame::check_value(size_t index, const at::Tensor& value, PassState& pass) const {
   const TensorMetadata recomputed{value.sizes().vec(), value.scalar_type(), value.device()};
-  const bool same_metadata = recomputed == metadata_[index];
-  if (same_metadata &&
-      (values_[index].written_by_region || version_of(value) != values_[index].version)) {
+  if (!(recomputed == metadata_[index])) {
+    value_differs(index, "Forward: " + metadata_[index].str() + "; recomputed: " +
+                             recomputed.str() + ".");
+  }
+  if (values_[index].written_by_region || version_of(value) != values_[index].version) {
     return;
   }
-  const ValueChecksum checksum = ValueChecksum::of(value);
-  if (same_metadata && checksum.matches(values_[index].checksum)) {
-    return;
+  ValueChecksum checksum = ValueChecksum::of(value);
+  if (checksum.on_device()) {
+    pass.unchecked.emplace_back(index, std::move(checksum));
+  } else if (!checksum.matches(values_[index].checksum)) {
+    value_differs(index, "Its values differ (checksum " + values_[index].checksum.str() +
+                             " in the forward, " + checksum.str() + " recomputed), " +
+                             metadata_[index].str() + ".");
   }
-  SAC_CHECKPOINT_CHECK(
-      false, config_.api, ": the recomputation of ", region_name(),
-      " gave a different value than its forward to tensor ", index, " of the ",
-      holders_.size(), " that autograd saved there: ", values_[index].origin.describe(), ". ",
-      same_metadata ? "Its values differ (checksum " + values_[index].checksum.str() +
-                          " in the forward, " + checksum.str() + " recomputed), " +
-                          metadata_[index].str() + "."
-                    : "Forward: " + metadata_[index].str() + "; recomputed: " +
-                          recomputed.str() + ".",
-      " The gradients would be wrong. The region read different values when recomputed: "
-      "state changed between the forward and the backward (a write through data_ptr() "
-      "behind autograd's back, an op that draws from its own state) or a kernel is not "
-      "deterministic. Keep the output of the op that made it (a policy that saves it; "
-      "for ops that decide shapes and control flow, any_of({policy, "
-      "sac::shape_deciding_ops()})), or make what it reads stable. ",
-      kDebugTip);
+}
+
+void CheckpointFrame::check_unchecked_values(PassState& pass) const {
+  std::vector<std::pair<const ValueChecksum*, const ValueChecksum*>> pairs;
+  pairs.reserve(pass.unchecked.size());
+  for (const auto& [index, checksum] : pass.unchecked) {
+    pairs.emplace_back(&values_[index].checksum, &checksum);
+  }
+  const std::optional<size_t> first = ValueChecksum::first_mismatch(pairs);
+  const auto unchecked = std::exchange(pass.unchecked, {});
+  if (first.has_value()) {
+    const auto& [index, checksum] = unchecked[*first];
+    value_differs(index, "Its values differ (checksum " + values_[index].checksum.str() +
+                             " in the forward, " + checksum.str() + " recomputed), " +
+                             metadata_[index].str() + ".");
+  }
+}
+
+void CheckpointFrame::value_differs(size_t index, const std::string& what) const {
+  throw CheckpointError(
+      {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+      c10::str(config_.api, ": the recomputation of ", region_name(),
+               " gave a different value than its forward to tensor ", index, " of the ",
+               holders_.size(), " that autograd saved there: ", origins_.saved(index).describe(),
+               ". ", what,
+               " The gradients would be wrong. The region read different values when "
+               "recomputed: state changed between the forward and the backward (a write through "
+               "data_ptr() behind autograd's back, an op that draws from its own state) or a "
+               "kernel is not deterministic. Keep the output of the op that made it (a policy "
+               "that saves it; for ops that decide shapes and control flow, any_of({policy, "
+               "sac::shape_deciding_ops()})), or make what it reads stable. ",
+               kDebugTip));
 }
 
 void CheckpointFrame::rethrow_with_logs(const c10::Error& error) const {

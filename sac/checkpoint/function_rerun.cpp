@@ -3,6 +3,7 @@
 #include <sac/base/internal/check.h>
 #include <sac/base/internal/saved_tensor_hooks.h>
 #include <sac/checkpoint/internal/frame.h>
+#include <sac/checkpoint/internal/in_place_reads.h>
 
 #include <ATen/core/grad_mode.h>
 #include <c10/util/irange.h>
@@ -45,14 +46,26 @@ class FunctionRerun::RerunPass final : public Recomputation::Pass {
 
   void run() override {
     std::optional<dispatch::ObserverGuard> watch;
+    std::optional<InPlaceReadsScope> in_place_reads;
     if (rerun_.outside_tensors_) {
       watch.emplace(rerun_.outside_tensors_->recompute_observer());
+      in_place_reads.emplace(rerun_.outside_tensors_->recompute_observer());
     }
     SavedTensorHooksGuard hooks([frame = frame_, graph_task = graph_task_] {
       return std::make_unique<RecomputeHooks>(frame, graph_task);
     });
     at::AutoGradMode enable_grad(true);
-    rerun_.fn_(inputs_);
+    try {
+      rerun_.fn_(inputs_);
+    } catch (...) {
+      if (in_place_reads) {
+        in_place_reads->rethrow_pending();  // what went wrong first
+      }
+      throw;
+    }
+    if (in_place_reads) {
+      in_place_reads->rethrow_pending();
+    }
   }
 
  private:
@@ -71,7 +84,10 @@ FunctionRerun::FunctionRerun(RecomputeFn fn, bool outside_tensor_check)
 
 void FunctionRerun::save_inputs(const std::vector<at::Tensor>& inputs) {
   saved_inputs_.reserve(inputs.size());
+  input_versions_.reserve(inputs.size());
   for (const auto& input : inputs) {
+    input_versions_.emplace_back(input.defined() ? std::optional<VersionWatch>(input)
+                                                 : std::nullopt);
     saved_inputs_.emplace_back(input, /*is_output=*/false);
   }
 }
@@ -81,19 +97,21 @@ std::unique_ptr<Recomputation::Pass> FunctionRerun::begin(CheckpointFrame& frame
   std::vector<at::Tensor> inputs;
   inputs.reserve(saved_inputs_.size());
   for (const auto i : c10::irange(saved_inputs_.size())) {
-    try {
-      inputs.push_back(saved_inputs_[i].unpack());
-    } catch (const c10::Error& error) {
-      SAC_CHECKPOINT_CHECK(
-          false, "sac::checkpoint: tensor argument ", i,
-          " of the checkpointed function cannot be given to its "
-          "recomputation: ", error.what_without_backtrace(),
-          "\nsac::checkpoint keeps its tensor arguments as autograd keeps the "
-          "inputs it saves, so they must not be modified in place between the "
-          "checkpoint call and backward; the checkpointed function modifying "
-          "its own argument counts too. Pass a clone (sac::checkpoint(fn, "
-          "x.clone())), or move the modification out of the region.");
-    }
+    const std::optional<VersionWatch>& version = input_versions_[i];
+    SAC_CHECKPOINT_CHECK(
+        !(version.has_value() && version->changed()),
+        "sac::checkpoint: tensor argument ", i,
+        " of the checkpointed function cannot be given to its recomputation: "
+        "it was modified by an inplace operation after the checkpoint call "
+        "(version ", version->version(), " then, ", version->current_version(),
+        " now).\nsac::checkpoint keeps its tensor arguments as autograd keeps the "
+        "inputs it saves, so they must not be modified in place between the "
+        "checkpoint call and backward; the checkpointed function modifying "
+        "its own argument counts too. Pass a clone (sac::checkpoint(fn, "
+        "x.clone())), or move the modification out of the region.");
+    // An enclosing region may hold it: unpacking recomputes that region,
+    // whose errors are its own.
+    inputs.push_back(saved_inputs_[i].unpack());
   }
   return std::make_unique<RerunPass>(*this, frame, graph_task, std::move(inputs));
 }

@@ -11,7 +11,9 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/record_function.h>
 #include <c10/core/StorageImpl.h>
+#include <c10/util/SmallVector.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <iomanip>
@@ -28,6 +30,17 @@ std::atomic<bool> with_tensor_ops{false};
 class Hasher {
  public:
   void update(const char* data, size_t n) {
+    if (filled_ == 0) {
+      // Whole blocks straight from the data: each lane's word loaded in
+      // place (a memcpy of 8 bytes is one load), no staging copy.
+      for (; n >= sizeof(block_); data += sizeof(block_), n -= sizeof(block_)) {
+        for (int i = 0; i < 4; ++i) {
+          uint64_t word;
+          std::memcpy(&word, data + 8 * i, 8);
+          lanes_[i] = round(lanes_[i], word);
+        }
+      }
+    }
     while (n > 0) {
       const size_t take = std::min(n, sizeof(block_) - filled_);
       std::memcpy(reinterpret_cast<char*>(block_) + filled_, data, take);
@@ -66,33 +79,42 @@ class Hasher {
   size_t filled_ = 0;
 };
 
-// Hashes a strided CPU tensor's elements in order, the innermost dimension's
-// runs in one piece where its stride is 1.
+// A contiguous copy made by an op that no sac mode, observer, op log or
+// profiler sees.
+at::Tensor hidden_contiguous(const at::Tensor& t) {
+  dispatch::IsolationGuard isolate;
+  at::NoGradGuard no_grad;
+  at::DisableRecordFunctionGuard unrecorded;
+  return t.contiguous();
+}
+
+// Hashes a strided CPU tensor's elements in order: contiguous memory in one
+// piece, the innermost dimension's runs where its stride is 1 and they are
+// long. Others (a transposed weight, as addmm saves it) are copied
+// contiguous first: element by element they hashed at a tenth of the speed.
 uint64_t hash_cpu(const at::Tensor& t) {
   Hasher hasher;
-  const auto* base = static_cast<const char*>(t.const_data_ptr());
   const size_t element = t.element_size();
   const int64_t dims = t.dim();
   if (t.is_contiguous() || dims == 0) {
-    hasher.update(base, t.numel() * element);
+    hasher.update(static_cast<const char*>(t.const_data_ptr()), t.numel() * element);
     return hasher.digest();
   }
   const auto sizes = t.sizes();
   const auto strides = t.strides();
-  const bool run = strides[dims - 1] == 1;
+  if (strides[dims - 1] != 1 || sizes[dims - 1] * element < 256) {
+    const at::Tensor copy = hidden_contiguous(t);
+    hasher.update(static_cast<const char*>(copy.const_data_ptr()), copy.numel() * element);
+    return hasher.digest();
+  }
+  const auto* base = static_cast<const char*>(t.const_data_ptr());
   std::vector<int64_t> index(dims, 0);
   while (true) {
     int64_t offset = 0;
     for (int64_t d = 0; d < dims; ++d) {
       offset += index[d] * strides[d];
     }
-    if (run) {
-      hasher.update(base + offset * element, sizes[dims - 1] * element);
-    } else {
-      for (int64_t i = 0; i < sizes[dims - 1]; ++i) {
-        hasher.update(base + (offset + i * strides[dims - 1]) * element, element);
-      }
-    }
+    hasher.update(base + offset * element, sizes[dims - 1] * element);
     int64_t d = dims - 2;
     while (d >= 0 && ++index[d] == sizes[d]) {
       index[d--] = 0;
@@ -168,6 +190,43 @@ bool ValueChecksum::matches(const ValueChecksum& other) const {
   return at::equal(device_, other.device_);
 }
 
+std::optional<size_t> ValueChecksum::first_mismatch(
+    const std::vector<std::pair<const ValueChecksum*, const ValueChecksum*>>& pairs) {
+  std::vector<bool> differs(pairs.size(), false);
+  // By device: the positions of the pairs compared there.
+  std::unordered_map<std::string, std::vector<size_t>> on_device;
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    const ValueChecksum& a = *pairs[i].first;
+    const ValueChecksum& b = *pairs[i].second;
+    if (a.on_device() && b.on_device() && a.device_.device() == b.device_.device()) {
+      on_device[a.device_.device().str()].push_back(i);
+    } else {
+      differs[i] = !a.matches(b);  // on the host: no synchronization
+    }
+  }
+  dispatch::IsolationGuard isolate;
+  at::NoGradGuard no_grad;
+  at::DisableRecordFunctionGuard unrecorded;
+  for (const auto& [device, positions] : on_device) {
+    std::vector<at::Tensor> forward, recomputed;
+    for (const size_t i : positions) {
+      forward.push_back(pairs[i].first->device_);
+      recomputed.push_back(pairs[i].second->device_);
+    }
+    const at::Tensor unequal = at::stack(forward).ne(at::stack(recomputed)).any(1).cpu();
+    const bool* flags = unequal.const_data_ptr<bool>();
+    for (size_t k = 0; k < positions.size(); ++k) {
+      differs[positions[k]] = flags[k];
+    }
+  }
+  for (size_t i = 0; i < differs.size(); ++i) {
+    if (differs[i]) {
+      return i;
+    }
+  }
+  return std::nullopt;
+}
+
 std::string ValueChecksum::str() const {
   if (empty_) {
     return "none";
@@ -193,69 +252,101 @@ void on_origin_end(const at::RecordFunction& fn, at::ObserverContext*);
 
 thread_local CallbackStack<OpOrigins*> tls_origins(
     at::RecordFunctionCallback(&on_origin_start, &on_origin_end)
+        .needsInputs(true)
         .needsOutputs(true)
         .scopes({at::RecordScope::FUNCTION}));
 
 std::unique_ptr<at::ObserverContext> on_origin_start(const at::RecordFunction& fn) {
+  const RecordedOp* op = recorded_op(fn);
+  const c10::ArrayRef<c10::IValue> inputs(fn.inputs().data(), fn.inputs().size());
   for (OpOrigins* origins : tls_origins.items()) {
-    origins->note_running(fn.name());
+    origins->note_running(op, inputs);
   }
   return nullptr;
 }
 
 void on_origin_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  const RecordedOp* op = recorded_op(fn);
   for (OpOrigins* origins : tls_origins.items()) {
-    origins->note_outputs(fn.name(), fn.operator_name(), fn.outputs());
+    origins->note_outputs(op, fn.outputs());
   }
 }
 
 }  // namespace
 
-void OpOrigins::note_running(const char* op) { running_.emplace_back(op); }
+void OpOrigins::note_running(const RecordedOp* op, c10::ArrayRef<c10::IValue> inputs) {
+  Running running{op, {}};
+  for (const size_t i : op->state_arguments) {
+    if (i < inputs.size() && inputs[i].isTensor()) {
+      running.state.push_back(storage_key(inputs[i].toTensor()));
+    }
+  }
+  running_.push_back(std::move(running));
+}
 
-void OpOrigins::note_outputs(const char* op, const std::optional<c10::OperatorName>& name,
-                             const std::vector<c10::IValue>& outputs) {
+void OpOrigins::note_outputs(const RecordedOp* op, c10::ArrayRef<c10::IValue> outputs) {
+  const size_t depth = running_.size();
   if (!running_.empty()) {
     running_.pop_back();
   }
-  auto [it, first] = ops_.try_emplace(op);
-  Op& seen = it->second;
-  if (first) {
-    const auto handle =
-        name.has_value() ? c10::Dispatcher::singleton().findOp(*name) : std::nullopt;
-    seen.view = handle.has_value() && handle->hasSchema() && policy::is_view(*handle);
+  const size_t call = calls_[op]++;
+  // Small: an op's outputs, a handful of storages.
+  c10::SmallVector<const c10::StorageImpl*, 4> written;
+  if (!op->view) {  // a view's storage keeps the origin it had (none: a view of an outside tensor)
+    for (const c10::IValue& output : outputs) {
+      dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
+        if (const c10::StorageImpl* storage = storage_key(t)) {
+          by_storage_[storage] = {op, call};
+          written.push_back(storage);
+        }
+      });
+    }
   }
-  const size_t call = seen.calls++;
-  if (seen.view) {
-    return;  // its storage keeps the origin it had (none: a view of an outside tensor)
-  }
-  for (const c10::IValue& output : outputs) {
-    dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
-      if (const c10::StorageImpl* storage = storage_key(t)) {
-        by_storage_[storage] = {op, call};
-      }
-    });
+  // What this op saved of its own outputs, it made (in place too).
+  while (!pending_.empty() && pending_.back().depth >= depth) {
+    const Pending pending = pending_.back();
+    pending_.pop_back();
+    if (std::find(written.begin(), written.end(), pending.storage) != written.end()) {
+      saved_[pending.index].made = SavedOrigin::Call{op, call};
+    }
   }
 }
 
-SavedOrigin OpOrigins::of(const at::Tensor& saved) const {
+void OpOrigins::note_saved(const at::Tensor& saved) {
   SavedOrigin origin;
-  const auto it = by_storage_.find(storage_key(saved));
+  const c10::StorageImpl* storage = storage_key(saved);
+  const auto it = by_storage_.find(storage);
   if (it != by_storage_.end()) {
     origin.made = it->second;
   }
   if (!running_.empty()) {
-    origin.saver = running_.back();
+    const Running& running = running_.back();
+    origin.saver = running.op;
+    origin.state = storage != nullptr && std::find(running.state.begin(), running.state.end(),
+                                                   storage) != running.state.end();
+    if (storage != nullptr) {
+      pending_.push_back({saved_.size(), running_.size(), storage});
+    }
   }
-  return origin;
+  saved_.push_back(origin);
 }
 
 std::string SavedOrigin::describe() const {
-  std::string out =
-      made.has_value()
-          ? "made by " + made->op + " (its call " + std::to_string(made->call) + " in the region)"
-          : "not made in the region (an input, a parameter, a buffer or a constant)";
-  return saver.empty() ? out : out + ", saved for backward by " + saver;
+  const std::string saved_by =
+      saver == nullptr ? std::string() : ", saved for backward by " + saver->name;
+  if (!made.has_value()) {
+    return "not made in the region (an input, a parameter, a buffer, a constant or host "
+           "memory)" + saved_by;
+  }
+  const std::string call = " (its call " + std::to_string(made->call) + " in the region)";
+  if (made->op->uninitialized) {
+    return "host data: made by " + made->op->name + call +
+           ", then filled through its data pointer, as torch::tensor(...) fills it" + saved_by;
+  }
+  if (made->op == saver) {
+    return "made and saved for backward by " + made->op->name + call;
+  }
+  return "made by " + made->op->name + call + saved_by;
 }
 
 OriginScope::OriginScope(OpOrigins& origins) { tls_origins.push(&origins); }

@@ -85,6 +85,13 @@ bool is_view(const c10::OperatorHandle& op) {
   return false;
 }
 
+bool makes_uninitialized_memory(const c10::OperatorHandle& op) {
+  const std::string& name = op.operator_name().name;
+  return name == "aten::empty" || name == "aten::empty_like" ||
+         name == "aten::empty_strided" || name == "aten::new_empty" ||
+         name == "aten::new_empty_strided" || name == "aten::empty_permuted";
+}
+
 bool is_random(const c10::OperatorHandle& op) {
   return op.hasTag(at::Tag::nondeterministic_seeded);
 }

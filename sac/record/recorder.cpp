@@ -5,6 +5,7 @@
 #include <sac/policy/internal/op_traits.h>
 
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
 
 #include <cstring>
@@ -12,14 +13,6 @@
 
 namespace sac::record {
 namespace {
-
-// Ops that return fresh, uninitialized memory.
-bool makes_uninitialized_memory(const c10::OperatorHandle& op) {
-  const std::string& name = op.operator_name().name;
-  return name == "aten::empty" || name == "aten::empty_like" ||
-         name == "aten::empty_strided" || name == "aten::new_empty" ||
-         name == "aten::new_empty_strided" || name == "aten::empty_permuted";
-}
 
 // In-place ops whose result does not depend on what `self` held.
 bool overwrites_self(const c10::OperatorHandle& op) {
@@ -44,8 +37,36 @@ bool reads_argument(const c10::OperatorHandle& op, size_t index) {
          !(index == 0 && overwrites_self(op));
 }
 
-void refuse_unreplayable(const c10::OperatorHandle& op) {
+// Whether `op` runs as part of a trace rather than eagerly: a tracer's mode
+// is active (those of torch.compile step aside while they run their kernels,
+// on meta tensors), or a tensor argument is a meta tensor, as a fake
+// tensor's data is.
+bool traced(c10::ArrayRef<c10::IValue> args) {
+  using c10::impl::TorchDispatchModeKey;
+  using c10::impl::TorchDispatchModeTLS;
+  for (const auto mode : {TorchDispatchModeKey::FAKE, TorchDispatchModeKey::PROXY,
+                          TorchDispatchModeKey::FUNCTIONAL}) {
+    if (TorchDispatchModeTLS::get_mode(mode).has_value()) {
+      return true;
+    }
+  }
+  bool meta = false;
+  for (const c10::IValue& arg : args) {
+    dispatch::for_each_tensor(arg, [&](const at::Tensor& t) { meta = meta || t.is_meta(); });
+  }
+  return meta;
+}
+
+void refuse_unreplayable(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   const std::string& name = op.operator_name().name;
+  TORCH_CHECK(!traced(args), "sac::CheckpointRegion: the region runs ", name,
+              " as part of a trace (meta tensors, or a fake, proxy or functional mode: "
+              "torch.compile tracing, make_fx, torch.export). The region records the eager ops "
+              "it runs and replays them; it cannot record a trace, so torch.compile is not "
+              "supported inside it. A compiled function called in the region is traced there "
+              "again (the region changes the dispatch state its guards check). Call compiled "
+              "code outside the region, or let torch.compile checkpoint it (torch.utils.checkpoint "
+              "inside the compiled function, or torch._functorch.config.activation_memory_budget).");
   TORCH_CHECK(!policy::is_collective(op),
               "sac::CheckpointRegion: the region calls the collective ", name,
               ", which replaying it in backward would run a second time (a "
@@ -145,7 +166,7 @@ void Recorder::before_op(const dispatch::ObservedOp& call,
   pending_.reset();
   pending_host_writes_.clear();
   const c10::OperatorHandle& op = call.op;
-  refuse_unreplayable(op);
+  refuse_unreplayable(op, args);
   // The copies and constants a call needs are made before it runs, reads
   // first: an in-place op on memory filled outside the dispatcher reads it
   // as it was, and a call that reads and writes outside memory (BatchNorm's
@@ -187,7 +208,7 @@ void Recorder::after_op(const dispatch::ObservedOp& call,
     state->seen = copy_bytes(c10::Storage(state->storage.lock()));
   }
   pending_host_writes_.clear();
-  const bool fresh_memory = makes_uninitialized_memory(recorded.op);
+  const bool fresh_memory = policy::makes_uninitialized_memory(recorded.op);
   recorded.first_output = recording_.values;
   for (const auto& output : outputs) {
     dispatch::for_each_tensor(output, [&](const at::Tensor& t) {

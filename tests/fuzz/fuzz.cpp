@@ -106,6 +106,78 @@ class HostCopies final : public sac::CopyTarget {
   }
 };
 
+// The custom Function of Op::FunctionGrad: its forward re-enables grad, runs
+// nested checkpoints on detached copies of its inputs, and keeps the graph;
+// its backward differentiates that graph with autograd::grad. The reference
+// runs the same without checkpoints. `variant`'s bits: 1 the outer
+// checkpoint checks values, 2 the inner one saves mm and bmm, 4 the graph is
+// kept by save_for_backward (packed by an enclosing region's hooks) instead
+// of saved_data, 8 the inner function is checkpointed once more inside.
+struct FunctionGrad : torch::autograd::Function<FunctionGrad> {
+  static at::Tensor inner(const at::Tensor& a, const at::Tensor& b) {
+    return at::tanh(a * b).matmul(b.transpose(-2, -1)).matmul(a) / b.size(-1);
+  }
+  // In one order: the order of the ops is the order autograd accumulates
+  // gradients in (C++ leaves the order of `f * b + a.sin()`'s operands open).
+  static at::Tensor outer(const at::Tensor& f, const at::Tensor& a, const at::Tensor& b) {
+    const at::Tensor scaled = f * b;
+    return scaled + a.sin();
+  }
+
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& a,
+                            const at::Tensor& b, int64_t variant, bool checkpointed) {
+    at::AutoGradMode grad(true);
+    const at::Tensor ad = a.detach().requires_grad_();
+    const at::Tensor bd = b.detach().requires_grad_();
+    at::Tensor y;
+    if (!checkpointed) {
+      y = outer(inner(ad, bd), ad, bd);
+    } else {
+      sac::CheckpointOptions around;
+      if (variant & 1) around.determinism_check(sac::DeterminismCheck::Values);
+      sac::CheckpointOptions inside;
+      if (variant & 2) inside.policy(sac::Policy::save_ops({"aten::mm", "aten::bmm"}));
+      const bool deeper = (variant & 8) != 0;
+      y = sac::checkpoint(
+          around,
+          [inside, deeper](const at::Tensor& x, const at::Tensor& w) {
+            const at::Tensor f = sac::checkpoint(
+                inside,
+                [deeper](const at::Tensor& u, const at::Tensor& v) {
+                  return deeper ? sac::checkpoint(&FunctionGrad::inner, u, v) : inner(u, v);
+                },
+                x, w);
+            return outer(f, x, w);
+          },
+          ad, bd);
+    }
+    if (variant & 4) {
+      ctx->save_for_backward({y, ad, bd});
+    } else {
+      ctx->saved_data["y"] = y;
+      ctx->saved_data["a"] = ad;
+      ctx->saved_data["b"] = bd;
+    }
+    return y.detach();
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    at::Tensor y, a, b;
+    if (ctx->saved_data.find("y") == ctx->saved_data.end()) {
+      const auto saved = ctx->get_saved_variables();
+      y = saved[0], a = saved[1], b = saved[2];
+    } else {
+      y = ctx->saved_data["y"].toTensor();
+      a = ctx->saved_data["a"].toTensor();
+      b = ctx->saved_data["b"].toTensor();
+    }
+    // retain_graph: a second backward of the loss runs this again.
+    const auto g = torch::autograd::grad({y}, {a, b}, {grads[0]}, /*retain_graph=*/true);
+    return {g[0], g[1], at::Tensor(), at::Tensor()};
+  }
+};
+
 // ---- Expected limits ---------------------------------------------------------
 //
 // A checkpointed run that stops with a c10::Error whose message contains one
@@ -290,7 +362,10 @@ enum class Op {
   Sort, Dropout, RandLikeMul, Argmax, IndexSelect, GatherFixed, GatherIdx,
   Cast64,
   // attention, modules, non-tensor values, inner backward, buffer
-  Sdpa, LinearModule, LayerNormModule, ItemScale, InnerGrad, BufferMutate,
+  Sdpa, LinearModule, LayerNormModule, BatchNormModule, ItemScale, InnerGrad, BufferMutate,
+  // a custom autograd Function whose backward differentiates a checkpointed
+  // graph it built in its forward
+  FunctionGrad,
   // data from the host, views of one memory read together
   HostConst, HostIndex, OverlapMul,
   // an op with state of its own
@@ -341,6 +416,13 @@ std::pair<const char*, const char*> op_name(Op op) {
     case Op::Sdpa: return {"sdpa", "q, k, v = a.matmul(b).split(W, -1); scaled_dot_product_attention"};
     case Op::LinearModule: return {"Linear", ""};
     case Op::LayerNormModule: return {"LayerNorm", ""};
+    case Op::BatchNormModule: return {"BatchNorm", "BatchNorm1d in training: running statistics updated"};
+    case Op::FunctionGrad:
+      return {"function_grad",
+              "Function(a, b): forward under grad on detached a, b: y = checkpoint(outer, "
+              "checkpoint(inner, f, a, b) * b + sin(a)), f = tanh(a * b) @ b^T @ a / W; "
+              "backward: autograd::grad(y, {a, b}, g). ints: outer values check, inner saves "
+              "mm/bmm, saved by save_for_backward, f checkpointed twice deep"};
     case Op::ItemScale: return {"item_scale", "a * tanh(b.mean().item<double>())"};
     case Op::InnerGrad: return {"inner_grad", "autograd::grad(sum(sin(a) * b), a, create_graph=true)"};
     case Op::BufferMutate: return {"buffer_inplace", ""};
@@ -385,7 +467,8 @@ struct Step {
 };
 
 struct ModuleSpec {
-  bool layer_norm = false;  // else Linear(W, W)
+  bool layer_norm = false;  // else Linear(W, W), or:
+  bool batch_norm = false;  // BatchNorm1d(W), in training
   bool bias = true;
 };
 
@@ -495,6 +578,11 @@ std::string Program::describe(const Step& s) const {
         << " dropout_p=" << s.reals[0];
       break;
     case Op::BufferMutate: o << (s.ints[0] ? " [buf.mul_(0.9)]" : " [buf.add_(0.25)]"); break;
+    case Op::FunctionGrad:
+      o << " [outer" << (s.ints[0] ? " values" : "") << ", inner" << (s.ints[1] ? " saves mm/bmm" : "")
+        << (s.ints[3] ? ", f checkpointed again" : "")
+        << (s.ints[2] ? ", save_for_backward]" : ", saved_data]");
+      break;
     case Op::HostConst: {
       const char* v[] = {"c = torch::tensor(data)", "c = torch::tensor(data).mul_(0.5)",
                          "c = torch::from_blob(host memory the run owns)",
@@ -571,9 +659,10 @@ std::string Program::listing() const {
   o << "\n";
   for (size_t m = 0; m < modules.size(); ++m) {
     o << "module m" << m << ": "
-      << (modules[m].layer_norm ? "LayerNorm(" + std::to_string(W) + ")"
-                                : "Linear(" + std::to_string(W) + "," + std::to_string(W) +
-                                      (modules[m].bias ? ")" : ", bias=false)"))
+      << (modules[m].layer_norm   ? "LayerNorm(" + std::to_string(W) + ")"
+          : modules[m].batch_norm ? "BatchNorm1d(" + std::to_string(W) + ")"
+                                  : "Linear(" + std::to_string(W) + "," + std::to_string(W) +
+                                        (modules[m].bias ? ")" : ", bias=false)"))
       << "\n";
   }
   std::vector<int> open;  // region stack
@@ -665,9 +754,31 @@ bool drifts_in_region(const Program& p) {
 
 bool has_inner_grad(const Program& p) {
   for (const auto& s : p.steps) {
-    if (s.op == Op::InnerGrad) return true;
+    // FunctionGrad's backward runs one: a selective region that saved its
+    // arguments is then backwarded a second time.
+    if (s.op == Op::InnerGrad || s.op == Op::FunctionGrad) return true;
   }
   return false;
+}
+
+// The shapes of program issue 35 asked the fuzzer for, tallied over passed
+// cases: a custom Function whose backward differentiates its nested
+// checkpoints; BatchNorm in training and a backward inside the forward of
+// one region under the value check.
+std::string shapes_of_interest(const Program& p) {
+  bool function_grad = false, batch_norm_values = false;
+  for (const auto& s : p.steps) function_grad |= s.op == Op::FunctionGrad;
+  for (const auto& r : p.regions) {
+    bool norm = false, grad = false;
+    for (int i = r.begin; i < r.end; ++i) {
+      norm |= p.steps[i].op == Op::BatchNormModule;
+      grad |= p.steps[i].op == Op::InnerGrad;
+    }
+    batch_norm_values |= r.value_check && norm && grad;
+  }
+  std::string out = function_grad ? "function-grad" : "";
+  if (batch_norm_values) out += std::string(out.empty() ? "" : ",") + "batchnorm+values+inner-grad";
+  return out;
 }
 
 // Traits that tell failures apart, for grouping them.
@@ -690,6 +801,8 @@ std::string features(const Program& p) {
     if ((s.op == Op::HostConst || s.op == Op::HostIndex) && inside(i)) f.insert("host-data-in-region");
     if (s.op == Op::OverlapMul) f.insert("overlapping-views");
     if (s.op == Op::Drift && inside(i)) f.insert("drift-in-region");
+    if (s.op == Op::FunctionGrad) f.insert(inside(i) ? "function-grad-in-region" : "function-grad");
+    if (s.op == Op::BatchNormModule && inside(i)) f.insert("batchnorm-in-region");
   }
   for (const auto& r : p.regions) {
     if (r.parent >= 0) f.insert("nested");
@@ -950,13 +1063,15 @@ class Generator {
     if (!same.empty() && coin(0.4)) return pick(same);
     return leaf("p" + std::to_string(params_++), Leaf::Param, std::move(shape), scale, offset);
   }
-  int module(bool layer_norm) {
+  int module(bool layer_norm, bool batch_norm = false) {
     std::vector<int> same;
     for (size_t m = 0; m < p_.modules.size(); ++m) {
-      if (p_.modules[m].layer_norm == layer_norm) same.push_back(m);
+      if (p_.modules[m].layer_norm == layer_norm && p_.modules[m].batch_norm == batch_norm) {
+        same.push_back(m);
+      }
     }
     if (!same.empty() && coin(0.4)) return same[uniform(0, same.size() - 1)];
-    p_.modules.push_back({layer_norm, layer_norm || coin(0.8)});
+    p_.modules.push_back({layer_norm, batch_norm, layer_norm || batch_norm || coin(0.8)});
     return p_.modules.size() - 1;
   }
   double inv_sqrt(int64_t n) const { return 1.0 / std::sqrt(static_cast<double>(n)); }
@@ -989,7 +1104,8 @@ class Generator {
         {"modules", 7, &Generator::modules},          {"scalar", 2, &Generator::scalar},
         {"inner_grad", 4, &Generator::inner_grad},    {"buffer", 2, &Generator::buffer},
         {"host_data", 5, &Generator::host_data},      {"overlap", 4, &Generator::overlap},
-        {"drift", 2, &Generator::drift},
+        {"drift", 2, &Generator::drift},              {"function_grad", 3, &Generator::function_grad},
+        {"batch_norm_grad", 2, &Generator::batch_norm_grad},
     };
     return all;
   }
@@ -1274,7 +1390,11 @@ class Generator {
   }
 
   void modules() {
-    if (coin(0.5)) {
+    if (coin(0.2)) {
+      // Statistics over the R rows of a [R, W] value (R >= 9).
+      const int a = need2();
+      saves(emit(Op::BatchNormModule, {a}, {fval(shape(a), true)}, {}, {}, module(false, true)), {a});
+    } else if (coin(0.5)) {
       // On 3-D input LibTorch's Linear runs mm, _unsafe_view, then adds the
       // bias in place; on 2-D input one addmm.
       const int a = coin(0.5) ? need3() : need2();
@@ -1294,6 +1414,27 @@ class Generator {
   void drift() {
     const int a = any_float();
     emit(Op::Drift, {a}, {fval(shape(a), rg({a}), contig({a}))});
+  }
+
+  // BatchNorm in training, then a backward through it inside the forward:
+  // next to each other, so that one region often holds both.
+  void batch_norm_grad() {
+    const int a = need2();
+    const int h = saves(emit(Op::BatchNormModule, {a}, {fval(shape(a), true)}, {}, {}, module(false, true)), {a});
+    const int c = operand_for(h);
+    saves(emit(Op::InnerGrad, {h, c}, {fval(shape(h), true, contig({h, c}))}), {h, c});
+  }
+
+  void function_grad() {
+    const int a = pick(find([](const Value& v) {
+      return v.requires_grad && (v.shape.size() == 2 || v.shape.size() == 3);
+    }));
+    if (a < 0) return elementwise();
+    int b = pick(find([&](const Value& v) { return v.shape == shape(a); }));
+    if (b < 0) b = a;
+    saves(emit(Op::FunctionGrad, {a, b}, {fval(shape(a), true)},
+               {coin(0.5), coin(0.5), coin(0.5), coin(0.3)}),
+          {a, b});
   }
 
   void inner_grad() {
@@ -1494,6 +1635,7 @@ struct Instance {
   std::vector<at::Tensor> leaves;  // by value id; undefined for non-leaves
   std::vector<torch::nn::Linear> linears;
   std::vector<torch::nn::LayerNorm> norms;
+  std::vector<torch::nn::BatchNorm1d> batch_norms;
   std::vector<at::Tensor> targets;  // gradients are taken w.r.t. these
   std::vector<std::string> target_names;
   std::vector<at::Tensor> params;   // updated after each iteration
@@ -1516,8 +1658,15 @@ struct Instance {
       const ModuleSpec& spec = p.modules[m];
       linears.emplace_back(nullptr);
       norms.emplace_back(nullptr);
+      batch_norms.emplace_back(nullptr);
       std::vector<std::pair<std::string, at::Tensor>> named;
-      if (spec.layer_norm) {
+      if (spec.batch_norm) {
+        batch_norms[m] = torch::nn::BatchNorm1d(p.W);
+        torch::NoGradGuard no_grad;
+        batch_norms[m]->weight.add_(torch::randn({p.W}) * 0.1);
+        batch_norms[m]->bias.add_(torch::randn({p.W}) * 0.1);
+        named = {{"weight", batch_norms[m]->weight}, {"bias", batch_norms[m]->bias}};
+      } else if (spec.layer_norm) {
         norms[m] = torch::nn::LayerNorm(torch::nn::LayerNormOptions({p.W}));
         torch::NoGradGuard no_grad;
         // Not the identity: gradients then depend on the affine parameters.
@@ -1906,6 +2055,12 @@ class Runner {
       // modules
       case Op::LinearModule: set(0, inst_.linears.at(s.module)->forward(in(0))); break;
       case Op::LayerNormModule: set(0, inst_.norms.at(s.module)->forward(in(0))); break;
+      case Op::BatchNormModule: set(0, inst_.batch_norms.at(s.module)->forward(in(0))); break;
+      case Op::FunctionGrad: {
+        const int64_t variant = s.ints[0] | s.ints[1] << 1 | s.ints[2] << 2 | s.ints[3] << 3;
+        set(0, FunctionGrad::apply(in(0), in(1), variant, checkpointed_));
+        break;
+      }
       // non-tensor values
       case Op::ItemScale: set(0, in(0) * std::tanh(in(1).mean().item<double>())); break;
       case Op::Drift: set(0, in(0) * drift(in(0).detach(), &s - p_.steps.data())); break;
@@ -2151,7 +2306,9 @@ CaseOutcome run_case(uint64_t seed) {
                                  (matched.empty() ? std::string()
                                                   : "\n(the message of expected limit '" + matched +
                                                         "', but this program does not do what that limit is about)"));
+    return out;
   }
+  out.category = shapes_of_interest(program);
   return out;
 }
 
@@ -2260,7 +2417,7 @@ struct Child {
 
 struct Tally {
   size_t cases = 0, passed = 0, expected = 0, invalid = 0, failed = 0;
-  std::map<std::string, size_t> expected_by, invalid_by, failed_by;
+  std::map<std::string, size_t> passed_by, expected_by, invalid_by, failed_by;
   std::vector<uint64_t> failing_seeds;
   std::string mechanism;
 };
@@ -2325,6 +2482,7 @@ class Parent {
     std::cout << "cases: " << t_.cases << " in " << elapsed << " s ("
               << (t_.cases ? 1000.0 * elapsed / t_.cases : 0.0) << " s per 1000 cases, " << jobs_ << " jobs)\n";
     std::cout << "passed (bit-identical): " << t_.passed << "\n";
+    for (const auto& [k, n] : t_.passed_by) std::cout << "  " << k << ": " << n << "\n";
     std::cout << "expected limits: " << t_.expected << "\n";
     for (const auto& [k, n] : t_.expected_by) std::cout << "  " << k << ": " << n << "\n";
     std::cout << "invalid (the reference threw): " << t_.invalid << "\n";
@@ -2540,7 +2698,10 @@ class Parent {
               const std::vector<std::string>& detail) {
     ++t_.cases;
     switch (kind) {
-      case CaseOutcome::Pass: ++t_.passed; break;
+      case CaseOutcome::Pass:
+        ++t_.passed;
+        if (!category.empty()) ++t_.passed_by[category];
+        break;
       case CaseOutcome::Expected: ++t_.expected; ++t_.expected_by[category]; break;
       case CaseOutcome::Invalid: ++t_.invalid; ++t_.invalid_by[category]; break;
       case CaseOutcome::Fail:

@@ -8,6 +8,7 @@
 #include <sac/checkpoint/internal/debug_log.h>
 #include <sac/checkpoint/internal/frame.h>
 #include <sac/checkpoint/internal/frame_setup.h>
+#include <sac/checkpoint/internal/in_place_reads.h>
 #include <sac/checkpoint/internal/profiler_scope.h>
 #include <sac/dispatch/internal/interceptor.h>
 
@@ -22,8 +23,9 @@ class ForwardScope {
   // The profiler scope `name` (a literal), the frame's saved-tensor hooks,
   // its forward context (a selective region's caching mode), the observer
   // that `observer` makes if any (made once the context is entered: it may
-  // ask for the active interceptor), the op log in debug mode, and the
-  // saved tensors' origins with the value check.
+  // ask for the active interceptor; under per-op kernels in-place ops are
+  // shown to it too), the op log in debug mode, and the saved tensors'
+  // origins with the value check.
   ForwardScope(const char* name, std::shared_ptr<CheckpointFrame> frame,
                const FrameConfig& config, const std::function<dispatch::OpObserver*()>& observer)
       : profiler_(name), frame_(std::move(frame)) {
@@ -32,6 +34,7 @@ class ForwardScope {
     frame_->mark_forward_entered();
     if (dispatch::OpObserver* made = observer ? observer() : nullptr) {
       observer_.emplace(made);
+      in_place_reads_.emplace(made);
     }
     if (config.debug) {
       log_.emplace(frame_->forward_log(), config.debug_backtraces);
@@ -51,6 +54,7 @@ class ForwardScope {
   std::optional<SavedTensorHooksGuard> hooks_;
   std::optional<ContextScope> context_;
   std::optional<dispatch::ObserverGuard> observer_;
+  std::optional<InPlaceReadsScope> in_place_reads_;
   std::optional<OpLogScope> log_;
   std::optional<OriginScope> origins_;
 };

@@ -75,7 +75,7 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
   const FrameConfig& config() const { return config_; }
   void mark_forward_completed() {
     forward_completed_ = true;
-    note_written_outside_tensors();
+    note_written_outside_tensors(/*forward_ended=*/true);
     if (RegionEvents* events = region_events()) {
       events->forward_ended(this);
     }
@@ -102,6 +102,9 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
   struct PassState {
     size_t saved = 0;         // tensors saved by this pass's recomputation
     bool recomputed = false;  // recomputation ran (and was checked)
+    // The value check's checksums on an accelerator, by holder: compared
+    // together when the recomputation ends (one synchronization).
+    std::vector<std::pair<size_t, ValueChecksum>> unchecked;
   };
 
   at::Tensor unpack_unchecked(Holder& holder);
@@ -110,7 +113,10 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
   void recompute(int64_t graph_task);
   void check_recomputed_tensors_match(int64_t graph_task);
   // The value check: the recomputation saved `value` as the `index`th tensor.
-  void check_value(size_t index, const at::Tensor& value) const;
+  // Checksums on an accelerator wait in `pass` for check_unchecked_values.
+  void check_value(size_t index, const at::Tensor& value, PassState& pass) const;
+  void check_unchecked_values(PassState& pass) const;
+  [[noreturn]] void value_differs(size_t index, const std::string& what) const;
   // "region `name`", or how to name it.
   std::string region_name() const;
   [[noreturn]] void rethrow_with_logs(const c10::Error& error) const;
@@ -123,10 +129,14 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
   std::vector<TensorMetadata> metadata_;  // one per holder, with the check on
   struct SavedValue {
     ValueChecksum checksum;
-    SavedOrigin origin;
-    // The region itself wrote it after saving it (a BatchNorm's running
-    // statistics, saved before the op updates them, through a schema that
-    // does not say so): the recomputation saves other values, rightly.
+    // Note [Written by the region]: the region itself wrote it after saving
+    // it, so the recomputation saves other values, rightly. Known at the
+    // forward's end, or earlier when a backward inside the forward
+    // recomputes: from then on, as the recomputation then runs after the
+    // writes it would otherwise blame. A batch norm's running statistics
+    // (SavedOrigin::state) are so from the start: every batch norm that
+    // runs updates them, in this region or another one's recomputation, and
+    // their schema does not say so.
     bool written_by_region = false;
     // The outside tensor, until the forward ends (weak: the region's graph,
     // which owns the frame, may hang from it).
@@ -137,8 +147,9 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
     // they cannot see.
     uint32_t version = 0;
   };
-  // At the forward's end: which outside tensors the region wrote.
-  void note_written_outside_tensors();
+  // Which outside tensors the region has written: at the forward's end, and
+  // before a recomputation inside the forward.
+  void note_written_outside_tensors(bool forward_ended);
   std::vector<SavedValue> values_;  // one per holder, with the value check on
   OpOrigins origins_;
   std::unordered_map<int64_t, PassState> passes_;

@@ -8,6 +8,7 @@
 // (outside_tensor_watch.h).
 #pragma once
 
+#include <sac/base/internal/version_watch.h>
 #include <sac/checkpoint/checkpoint.h>
 #include <sac/checkpoint/internal/outside_tensor_watch.h>
 #include <sac/checkpoint/internal/recomputation.h>
@@ -16,6 +17,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace sac::detail {
@@ -42,6 +44,10 @@ class FunctionRerun final : public Recomputation {
   RecomputeFn fn_;
   std::unique_ptr<OutsideTensorWatch> outside_tensors_;
   std::vector<torch::autograd::SavedVariable> saved_inputs_;
+  // Their versions when saved: modified in place since is an error of its
+  // own, told apart from what unpacking them raises (an enclosing region's
+  // recomputation).
+  std::vector<std::optional<VersionWatch>> input_versions_;
 };
 
 }  // namespace sac::detail

@@ -15,8 +15,10 @@
 // are not reads; tensors made by the region are new in each pass, and never
 // checked.
 //
-// Under per-op kernels it sees the functional ops only (not views, in-place
-// or out= ops): a read by an in-place op (h.add_(buf)) is not checked there.
+// Under per-op kernels an observer sees the functional ops only: the reads
+// of in-place and out= ops (h.add_(buf)) reach it through a RecordFunction
+// callback (in_place_reads.h), where the forward and the recomputation
+// install it.
 #pragma once
 
 #include <sac/base/internal/version_watch.h>

@@ -8,8 +8,9 @@
 // bit (one ulp, a flipped index) changes it but for a collision (64 bits).
 // It is taken on the tensor's device: on the CPU by reading its memory
 // (no op is dispatched), elsewhere by a few tensor ops that no sac mode,
-// observer, log or profiler sees (the result stays on the device; comparing
-// two synchronizes).
+// observer, log or profiler sees (the result stays on the device; a
+// recomputation's are compared together when it ends, one synchronization
+// per device).
 //
 // Naming: while a region's forward runs with the check on, an OriginScope
 // notes for every op (RecordFunction callbacks: all ops, under either
@@ -18,14 +19,19 @@
 // call 0 in the region), saved for backward by aten::index_select".
 #pragma once
 
+#include <sac/checkpoint/internal/recorded_op.h>
+
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 #include <ATen/core/operator_name.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/util/SmallVector.h>
 
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace sac::detail {
@@ -35,7 +41,15 @@ class ValueChecksum {
   // Of `t`'s values (strided tensors; others give an empty checksum, equal
   // to any: the shape check still applies).
   static ValueChecksum of(const at::Tensor& t);
+  // Compares now: one synchronization for a checksum on an accelerator.
   bool matches(const ValueChecksum& other) const;
+  // Whether comparing it synchronizes (an accelerator's), so that callers
+  // compare such checksums together, with first_mismatch.
+  bool on_device() const { return device_.defined(); }
+  // The first pair (forward, recomputed) whose checksums differ, comparing
+  // those on accelerators in one synchronization per device.
+  static std::optional<size_t> first_mismatch(
+      const std::vector<std::pair<const ValueChecksum*, const ValueChecksum*>>& pairs);
   std::string str() const;
 
  private:
@@ -51,36 +65,55 @@ void checksum_with_tensor_ops_for_testing(bool on);
 // Where a tensor the forward saved came from.
 struct SavedOrigin {
   struct Call {
-    std::string op;
+    const RecordedOp* op = nullptr;
     size_t call = 0;  // of `op` in the region
   };
-  std::optional<Call> made;  // the last op of the region that wrote its storage
-  std::string saver;         // the op whose backward saves it, if one was running
+  std::optional<Call> made;         // the last op of the region that wrote its storage
+  const RecordedOp* saver = nullptr;  // the op whose backward saves it, if one was running
+  // A state argument of the saver (RecordedOp::state_arguments): its value
+  // depends on how often such ops ran, which a recomputation changes.
+  bool state = false;
 
   // "made by aten::topk (its call 0 in the region), saved for backward by
-  // aten::index_select", or, for a tensor no op of the region wrote, "not
-  // made in the region (an input, a parameter, a buffer or a constant)".
+  // aten::index_select"; "made and saved for backward by aten::tanh (its
+  // call 2 in the region)"; host data (a storage that aten::empty made and
+  // no op wrote: torch::tensor's) named as such; for a tensor no op of the
+  // region wrote, "not made in the region (an input, a parameter, ...)".
   std::string describe() const;
 };
 
-// What made the tensors a region's forward saves.
+// What made the tensors a region's forward saves, in the order it saves
+// them.
 class OpOrigins {
  public:
-  SavedOrigin of(const at::Tensor& saved) const;
+  // The forward saves `saved` (its next tensor). Autograd saves an op's own
+  // output (tanh's, exp's) before the op has returned: such a tensor's maker
+  // is known when the op that was running at the save returns.
+  void note_saved(const at::Tensor& saved);
+  // Of the `index`th tensor saved.
+  const SavedOrigin& saved(size_t index) const { return saved_[index]; }
 
-  // From OriginScope's callbacks: `op` began; `op` returned `outputs`.
-  void note_running(const char* op);
-  void note_outputs(const char* op, const std::optional<c10::OperatorName>& name,
-                    const std::vector<c10::IValue>& outputs);
+  // From OriginScope's callbacks: `op` began with `inputs`; `op` returned
+  // `outputs`.
+  void note_running(const RecordedOp* op, c10::ArrayRef<c10::IValue> inputs);
+  void note_outputs(const RecordedOp* op, c10::ArrayRef<c10::IValue> outputs);
 
  private:
-  struct Op {
-    size_t calls = 0;
-    bool view = false;  // a view makes no values
+  // A tensor saved while an op ran, until the op returns.
+  struct Pending {
+    size_t index;                     // in saved_
+    size_t depth;                     // running_.size() at the save
+    const c10::StorageImpl* storage;  // alive: the saving op holds it
   };
   std::unordered_map<const void*, SavedOrigin::Call> by_storage_;
-  std::unordered_map<std::string, Op> ops_;
-  std::vector<std::string> running_;
+  std::unordered_map<const RecordedOp*, size_t> calls_;
+  struct Running {
+    const RecordedOp* op;
+    c10::SmallVector<const c10::StorageImpl*, 2> state;  // of its state arguments
+  };
+  std::vector<Running> running_;
+  std::vector<SavedOrigin> saved_;
+  std::vector<Pending> pending_;
 };
 
 // While alive, the ops run on this thread are noted in `origins`.

@@ -35,6 +35,11 @@ bool is_ignored(const c10::OperatorHandle& op);
 // True for ops whose output aliases an input without writing it (views).
 bool is_view(const c10::OperatorHandle& op);
 
+// True for ops that return fresh memory they do not write (aten::empty and
+// its kin): what such a storage holds came through its data pointer
+// (torch::tensor fills one from the host) unless an op wrote it later.
+bool makes_uninitialized_memory(const c10::OperatorHandle& op);
+
 // True for ops that draw from a random generator (tag nondeterministic_seeded).
 bool is_random(const c10::OperatorHandle& op);
 

@@ -1,0 +1,47 @@
+#include <sac/checkpoint/internal/recorded_op.h>
+
+#include <sac/policy/internal/op_traits.h>
+
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+namespace sac::detail {
+
+const RecordedOp* recorded_op(const at::RecordFunction& fn) {
+  thread_local std::unordered_map<const char*, const RecordedOp*> by_pointer;
+  const char* name = fn.name();
+  const auto it = by_pointer.find(name);
+  if (it != by_pointer.end() && it->second->name == name) {
+    return it->second;
+  }
+  static std::mutex mutex;
+  static std::unordered_map<std::string, std::unique_ptr<RecordedOp>> by_name;
+  const std::lock_guard<std::mutex> lock(mutex);
+  std::unique_ptr<RecordedOp>& op = by_name[name];
+  if (!op) {
+    op = std::make_unique<RecordedOp>();
+    op->name = name;
+    if (const auto op_name = fn.operator_name()) {
+      op->handle = c10::Dispatcher::singleton().findOp(*op_name);
+    }
+    if (op->handle.has_value() && op->handle->hasSchema()) {
+      // set_ points a tensor at a storage: like a view, it makes no values.
+      op->view = policy::is_view(*op->handle) || op->handle->operator_name().name == "aten::set_";
+      op->uninitialized = policy::makes_uninitialized_memory(*op->handle);
+      const auto& arguments = op->handle->schema().arguments();
+      for (size_t i = 0; i < arguments.size(); ++i) {
+        const c10::Argument& argument = arguments[i];
+        op->writes_argument = op->writes_argument ||
+                              (argument.alias_info() != nullptr && argument.alias_info()->isWrite());
+        if (argument.name() == "running_mean" || argument.name() == "running_var") {
+          op->state_arguments.push_back(i);
+        }
+      }
+    }
+  }
+  by_pointer[name] = op.get();
+  return op.get();
+}
+
+}  // namespace sac::detail
