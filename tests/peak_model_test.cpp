@@ -19,13 +19,7 @@ using sac_test::CountingAllocator;
 using sac_test::counting_probe;
 using Body = std::function<at::Tensor(const at::Tensor&)>;
 
-class PeakModel : public ::testing::Test {
- protected:
-  void SetUp() override {
-    sac_test::expect_configured_mechanism();
-    counting_probe();  // installs the counting allocator
-  }
-};
+class PeakModel : public sac_test::CountingAllocatorTest {};
 
 // Regions in a row (plain code between them is the caller's), each its own
 // policy; a step is the forward, a loss and backward.

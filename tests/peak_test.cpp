@@ -23,13 +23,7 @@ using sac_test::CountingAllocator;
 using sac_test::counting_probe;
 using sac_test::GptBlock;
 
-class Peak : public ::testing::Test {
- protected:
-  void SetUp() override {
-    sac_test::expect_configured_mechanism();
-    counting_probe();  // installs the counting allocator
-  }
-};
+class Peak : public sac_test::CountingAllocatorTest {};
 
 // Four GPT blocks, each one region.
 struct Model {

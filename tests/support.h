@@ -31,6 +31,17 @@ inline sac::MemoryProbe counting_probe() {
           [] { return CountingAllocator::peak_bytes(); }, [] { CountingAllocator::reset_peak(); }};
 }
 
+// A test of step peaks: the configured mechanism, and the counting
+// allocator installed with one intra-op thread. Each file derives its own
+// suite from it.
+class CountingAllocatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    expect_configured_mechanism();
+    counting_probe();
+  }
+};
+
 // Seeds the CPU generator, runs `forward`, backpropagates its sum, and
 // returns [output, d(sum)/d(inputs)..., d(sum)/d(params)...]. Grads are
 // computed with torch::autograd::grad (nothing accumulates in .grad).

@@ -19,6 +19,7 @@
 #include <iomanip>
 #include <memory>
 #include <sstream>
+#include <unordered_map>
 
 namespace sac::detail {
 namespace {
@@ -79,12 +80,17 @@ class Hasher {
   size_t filled_ = 0;
 };
 
-// A contiguous copy made by an op that no sac mode, observer, op log or
-// profiler sees.
-at::Tensor hidden_contiguous(const at::Tensor& t) {
+// While alive, the ops the check runs itself are seen by no sac mode,
+// observer or op log, no profiler or RecordFunction callback, and autograd.
+struct Unseen {
   dispatch::IsolationGuard isolate;
   at::NoGradGuard no_grad;
   at::DisableRecordFunctionGuard unrecorded;
+};
+
+// A contiguous copy made by an op that nothing sees.
+at::Tensor hidden_contiguous(const at::Tensor& t) {
+  const Unseen unseen;
   return t.contiguous();
 }
 
@@ -135,9 +141,7 @@ at::Tensor mixed(const at::Tensor& v, int64_t multiplier) {
 }
 
 at::Tensor hash_with_ops(const at::Tensor& t) {
-  dispatch::IsolationGuard isolate;
-  at::NoGradGuard no_grad;
-  at::DisableRecordFunctionGuard unrecorded;
+  const Unseen unseen;
   at::Tensor flat = (t.is_complex() ? at::view_as_real(t) : t).contiguous().view({-1});
   if (flat.scalar_type() == at::kBool) {
     flat = flat.view(at::kByte);
@@ -185,8 +189,7 @@ bool ValueChecksum::matches(const ValueChecksum& other) const {
   if (device_.device() != other.device_.device()) {
     return false;
   }
-  dispatch::IsolationGuard isolate;
-  at::DisableRecordFunctionGuard unrecorded;
+  const Unseen unseen;
   return at::equal(device_, other.device_);
 }
 
@@ -194,19 +197,17 @@ std::optional<size_t> ValueChecksum::first_mismatch(
     const std::vector<std::pair<const ValueChecksum*, const ValueChecksum*>>& pairs) {
   std::vector<bool> differs(pairs.size(), false);
   // By device: the positions of the pairs compared there.
-  std::unordered_map<std::string, std::vector<size_t>> on_device;
+  std::unordered_map<c10::Device, std::vector<size_t>> on_device;
   for (size_t i = 0; i < pairs.size(); ++i) {
     const ValueChecksum& a = *pairs[i].first;
     const ValueChecksum& b = *pairs[i].second;
     if (a.on_device() && b.on_device() && a.device_.device() == b.device_.device()) {
-      on_device[a.device_.device().str()].push_back(i);
+      on_device[a.device_.device()].push_back(i);
     } else {
       differs[i] = !a.matches(b);  // on the host: no synchronization
     }
   }
-  dispatch::IsolationGuard isolate;
-  at::NoGradGuard no_grad;
-  at::DisableRecordFunctionGuard unrecorded;
+  const Unseen unseen;
   for (const auto& [device, positions] : on_device) {
     std::vector<at::Tensor> forward, recomputed;
     for (const size_t i : positions) {
@@ -237,8 +238,7 @@ std::string ValueChecksum::str() const {
     out << std::setw(16) << host_;
     return out.str();
   }
-  dispatch::IsolationGuard isolate;
-  at::DisableRecordFunctionGuard unrecorded;
+  const Unseen unseen;
   const at::Tensor host = device_.cpu();
   out << std::setw(16) << static_cast<uint64_t>(host[0].item<int64_t>()) << ":" << std::setw(16)
       << static_cast<uint64_t>(host[1].item<int64_t>());

@@ -44,10 +44,12 @@ bool reads_argument(const c10::OperatorHandle& op, size_t index) {
 bool traced(c10::ArrayRef<c10::IValue> args) {
   using c10::impl::TorchDispatchModeKey;
   using c10::impl::TorchDispatchModeTLS;
-  for (const auto mode : {TorchDispatchModeKey::FAKE, TorchDispatchModeKey::PROXY,
-                          TorchDispatchModeKey::FUNCTIONAL}) {
-    if (TorchDispatchModeTLS::get_mode(mode).has_value()) {
-      return true;
+  if (TorchDispatchModeTLS::any_modes_set()) {  // rarely: skips copying the modes
+    for (const auto mode : {TorchDispatchModeKey::FAKE, TorchDispatchModeKey::PROXY,
+                            TorchDispatchModeKey::FUNCTIONAL}) {
+      if (TorchDispatchModeTLS::get_mode(mode).has_value()) {
+        return true;
+      }
     }
   }
   bool meta = false;

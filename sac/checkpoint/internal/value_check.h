@@ -23,7 +23,6 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
-#include <ATen/core/operator_name.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/util/SmallVector.h>
 
