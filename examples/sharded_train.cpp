@@ -26,6 +26,15 @@
 //   sharded+regather              dots_saveable only: the all-gather is
 //                                 recomputed, FSDP's reshard after forward
 //   sharded+full                  nothing_saveable
+//   sharded+region                a sac::CheckpointRegion around each block
+//   sharded+region+dots           (its gather included), without and with
+//                                 dots_saveable: backward replays the gather
+//                                 from the shard, after the ranks agree on
+//                                 what they replay (one small all-gather per
+//                                 region, counted in the recomputation's
+//                                 collectives). Under the fallback mechanism
+//                                 only (--dispatch fallback, or
+//                                 SAC_DISPATCH=fallback).
 #include <sac/sac.h>
 
 #include "examples/c10d_support.h"
@@ -67,6 +76,7 @@ struct Mode {
   std::string name;
   bool sharded;
   std::optional<sac::Policy> policy;  // none: no checkpointing
+  bool region = false;  // a sac::CheckpointRegion per block (with `policy` if any)
 };
 
 struct Result {
@@ -102,8 +112,15 @@ Result train_step(const Mode& mode, const Sizes& s, const dist::Group& fwd, cons
   const int64_t issued = fwd.issued();
   at::Tensor h = x;
   for (const auto& p : params) {
-    h = mode.policy ? sac::checkpoint(sac::CheckpointOptions().policy(*mode.policy), region, h, p)
-                    : region(h, p);
+    if (mode.region) {
+      sac::CheckpointOptions options;
+      if (mode.policy) options.policy(*mode.policy);
+      sac::CheckpointRegion checkpointed(options);
+      h = region(h, p);
+    } else {
+      h = mode.policy ? sac::checkpoint(sac::CheckpointOptions().policy(*mode.policy), region, h, p)
+                      : region(h, p);
+    }
   }
   at::Tensor loss = torch::mse_loss(h, target);
   r.kept = memory.live() - before;
@@ -134,7 +151,7 @@ int run(int argc, char** argv) {
   torch::set_num_threads(1);
   sac_examples::MemoryMeter memory(torch::Device(torch::kCPU));
 
-  const std::vector<Mode> modes = {
+  std::vector<Mode> modes = {
       {"replicated", false, std::nullopt},
       {"replicated+dots", false, sac::dots_saveable()},
       {"sharded", true, std::nullopt},
@@ -143,6 +160,10 @@ int run(int argc, char** argv) {
       {"sharded+regather", true, sac::dots_saveable()},
       {"sharded+full", true, sac::nothing_saveable()},
   };
+  if (sac::dispatch::mechanism() == sac::dispatch::Mechanism::FallbackKey) {
+    modes.push_back({"sharded+region", true, std::nullopt, /*region=*/true});
+    modes.push_back({"sharded+region+dots", true, sac::dots_saveable(), /*region=*/true});
+  }
   std::printf("rank %d of %d: %lld blocks of width %lld, %lld rows per rank\n", rz.rank, rz.world,
               static_cast<long long>(s.blocks), static_cast<long long>(s.width),
               static_cast<long long>(s.rows));

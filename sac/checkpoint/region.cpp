@@ -46,7 +46,8 @@ class RegionReplay final : public Recomputation {
     // its whole storage.
     for (const record::OutsideRead& read : recording_.outside_reads) {
       SAC_CHECKPOINT_CHECK(
-          recording_.outside[read.outside].snapshot.has_value() || !read.version.changed(),
+          recording_.outside[read.outside].snapshot.has_value() ||
+              recording_.outside[read.outside].fresh || !read.version.changed(),
           "sac::CheckpointRegion: a tensor the region read but did not make "
           "(shape ", c10::IntArrayRef(read.sizes), ": a parameter, a buffer, a "
           "tensor made before the region) was modified in place after the "
@@ -59,7 +60,7 @@ class RegionReplay final : public Recomputation {
     std::vector<at::Tensor> outside(recording_.outside.size());
     for (size_t i = 0; i < recording_.outside.size(); ++i) {
       const record::Outside& kept = recording_.outside[i];
-      if (kept.snapshot.has_value()) {
+      if (kept.snapshot.has_value() || kept.fresh) {
         continue;
       }
       try {

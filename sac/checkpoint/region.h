@@ -34,7 +34,8 @@
 // kernels it throws, and sac::checkpoint is the way. Limits of recording are
 // listed in sac/record/internal/recorder.h: memory written through data_ptr() into a
 // tensor that already held data is not seen, nor side effects of custom ops
-// beyond the writes their schema declares; collectives are refused.
+// beyond the writes their schema declares. Collectives are replayed, after
+// the ranks agree on what they replay (sac/record/internal/communication.h).
 #pragma once
 
 #include <sac/checkpoint/options.h>

@@ -5,6 +5,7 @@
 #include <ATen/core/enum_tag.h>
 
 #include <array>
+#include <sstream>
 #include <string>
 #include <unordered_map>
 
@@ -109,6 +110,48 @@ bool issues_collective(const c10::OperatorHandle& op) {
          (name.rfind("_c10d_functional::", 0) == 0 ||
           name.rfind("_c10d_functional_autograd::", 0) == 0) &&
          name != "_c10d_functional::wait_tensor";
+}
+
+bool communicates(const c10::OperatorHandle& op) {
+  return issues_collective(op) || op.operator_name().name.rfind("c10d::", 0) == 0;
+}
+
+namespace {
+
+// One argument of a collective as collective_signature writes it: nothing in
+// it may differ between the ranks of a group that issue the same call (no
+// addresses, no tensor data).
+void describe_argument(std::ostringstream& out, const c10::IValue& arg) {
+  if (arg.isTensor()) {
+    const at::Tensor& t = arg.toTensor();
+    out << (t.defined() ? c10::str(t.scalar_type(), t.sizes()) : std::string("undefined"));
+  } else if (arg.isList()) {
+    out << "[";
+    for (const c10::IValue& element : arg.toListRef()) {
+      describe_argument(out, element);
+      out << " ";
+    }
+    out << "]";
+  } else if (arg.isString()) {
+    out << arg.toStringRef();
+  } else if (arg.isObject()) {  // a ProcessGroup, a ReduceOp: its class
+    out << arg.type()->str();
+  } else {
+    out << arg;
+  }
+}
+
+}  // namespace
+
+std::string collective_signature(c10::ArrayRef<c10::IValue> args) {
+  std::ostringstream out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (i > 0) {
+      out << ", ";
+    }
+    describe_argument(out, args[i]);
+  }
+  return out.str();
 }
 
 std::optional<std::string> why_never_cached(const c10::OperatorHandle& op) {

@@ -24,10 +24,39 @@ bool overwrites_self(const c10::OperatorHandle& op) {
   return names.count(op.operator_name().name) != 0;
 }
 
+// How ops whose schemas do not declare what they write write their
+// arguments: c10d's ops on a ProcessGroup (c10d::_allgather_base_ takes a
+// plain `Tensor output_tensor`) write their output arguments whole and
+// `tensors` in place (allreduce_, broadcast_; send only reads it); FSDP2's
+// fsdp::all_gather_copy_in copies this rank's shard into its
+// all_gather_output, whose other bytes only the all-gather that follows
+// writes: whole, as far as any reader can tell.
+enum class UndeclaredWrite { None, Whole, InPlace, NotThisOp };
+
+UndeclaredWrite undeclared_write(const c10::OperatorHandle& op, size_t index) {
+  const std::string& name = op.operator_name().name;
+  const std::string& argument = op.schema().arguments()[index].name();
+  if (name.rfind("c10d::", 0) == 0) {
+    if (argument.rfind("output", 0) == 0) {
+      return UndeclaredWrite::Whole;
+    }
+    return argument == "tensors" && name != "c10d::send" ? UndeclaredWrite::InPlace
+                                                         : UndeclaredWrite::None;
+  }
+  if (name == "fsdp::all_gather_copy_in") {
+    return argument == "all_gather_output" ? UndeclaredWrite::Whole : UndeclaredWrite::None;
+  }
+  return UndeclaredWrite::NotThisOp;
+}
+
 // Whether `op` reads what argument `index` holds. A view reads nothing
 // (until something reads the view); an out= argument is only written; an
 // in-place op reads its `self` unless it overwrites it whole.
 bool reads_argument(const c10::OperatorHandle& op, size_t index) {
+  const UndeclaredWrite undeclared = undeclared_write(op, index);
+  if (undeclared != UndeclaredWrite::NotThisOp) {
+    return undeclared != UndeclaredWrite::Whole;
+  }
   const c10::Argument& argument = op.schema().arguments()[index];
   const auto* alias = argument.alias_info();
   if (alias == nullptr) {
@@ -35,6 +64,13 @@ bool reads_argument(const c10::OperatorHandle& op, size_t index) {
   }
   return alias->isWrite() && !argument.is_out() &&
          !(index == 0 && overwrites_self(op));
+}
+
+bool writes_argument(const c10::OperatorHandle& op, size_t index,
+                     c10::ArrayRef<c10::IValue> args) {
+  const UndeclaredWrite undeclared = undeclared_write(op, index);
+  return undeclared == UndeclaredWrite::NotThisOp ? dispatch::writes_argument(op, index, args)
+                                                  : undeclared != UndeclaredWrite::None;
 }
 
 // Whether `op` runs as part of a trace rather than eagerly: a tracer's mode
@@ -59,7 +95,7 @@ bool traced(c10::ArrayRef<c10::IValue> args) {
   return meta;
 }
 
-void refuse_unreplayable(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
+void refuse_a_trace(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   const std::string& name = op.operator_name().name;
   TORCH_CHECK(!traced(args), "sac::CheckpointRegion: the region runs ", name,
               " as part of a trace (meta tensors, or a fake, proxy or functional mode: "
@@ -68,13 +104,25 @@ void refuse_unreplayable(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValu
               "supported inside it. A compiled function called in the region is traced there "
               "again (the region changes the dispatch state its guards check). Call compiled "
               "code outside the region, or let torch.compile checkpoint it (torch.utils.checkpoint "
-              "inside the compiled function, or torch._functorch.config.activation_memory_budget).");
-  TORCH_CHECK(!policy::is_collective(op),
-              "sac::CheckpointRegion: the region calls the collective ", name,
-              ", which replaying it in backward would run a second time (a "
-              "second communication that the other ranks do not make). Run "
-              "collectives outside the region, or checkpoint this code with "
-              "sac::checkpoint.");
+              "inside the compiled function, or torch._functorch.config.activation_memory_budget). "
+              "A DTensor (tensor parallelism) runs ops on meta tensors too, to propagate its "
+              "sharding: the region cannot record DTensors either. Under tensor parallelism "
+              "checkpoint the layers with torch.utils.checkpoint and sac.context_fn(policy) "
+              "(sac::checkpoint in C++).");
+}
+
+// The region records below tensor subclasses with a __torch_dispatch__ (a
+// DTensor): it would keep the subclass tensors autograd saves whole, as
+// outside tensors, and recompute nothing.
+void refuse_a_subclass(const at::Tensor& t) {
+  TORCH_CHECK(!t.key_set().has(c10::DispatchKey::Python),
+              "sac::CheckpointRegion: autograd saves a tensor subclass with a "
+              "__torch_dispatch__ in the region (a DTensor, under tensor parallelism). The region "
+              "records the ops below such subclasses and cannot recompute the subclass tensors "
+              "autograd saves. Under tensor parallelism checkpoint the layers with "
+              "torch.utils.checkpoint.checkpoint(fn, ..., use_reentrant=False, "
+              "context_fn=sac.context_fn(policy)) (in C++, sac::checkpoint), which recomputes "
+              "DTensor ops as they are.");
 }
 
 bool holds_tensor(const c10::IValue& value) {
@@ -151,7 +199,9 @@ Recorder::Recorder(Recording& recording,
       save_outside_(std::move(save_outside)) {}
 
 void Recorder::mark(const at::Tensor& t) {
+  refuse_a_subclass(t);
   before_read(t);  // autograd hands it to backward: a read
+  note_read(t);
   const ValueId value = resolve(t);
   recording_.steps.push_back({Step::Kind::Mark, value});
 }
@@ -159,6 +209,7 @@ void Recorder::mark(const at::Tensor& t) {
 void Recorder::finish() {
   known_.clear();
   storages_.clear();
+  read_.clear();
   pending_.reset();
   save_outside_ = nullptr;
 }
@@ -168,19 +219,25 @@ void Recorder::before_op(const dispatch::ObservedOp& call,
   pending_.reset();
   pending_host_writes_.clear();
   const c10::OperatorHandle& op = call.op;
-  refuse_unreplayable(op, args);
+  refuse_a_trace(op, args);
+  if (policy::communicates(op)) {
+    recording_.communication.note(op, args);
+  }
   // The copies and constants a call needs are made before it runs, reads
   // first: an in-place op on memory filled outside the dispatcher reads it
   // as it was, and a call that reads and writes outside memory (BatchNorm's
   // running statistics) reads the copy in replay.
   for (size_t i = 0; i < args.size(); ++i) {
     if (reads_argument(op, i)) {
-      dispatch::for_each_tensor(args[i], [&](const at::Tensor& t) { before_read(t); });
+      dispatch::for_each_tensor(args[i], [&](const at::Tensor& t) {
+        before_read(t);
+        note_read(t);
+      });
     }
   }
   bool writes_any = false;
   for (size_t i = 0; i < args.size(); ++i) {
-    if (dispatch::writes_argument(op, i, args)) {
+    if (writes_argument(op, i, args)) {
       writes_any = true;
       const bool whole = !reads_argument(op, i);
       dispatch::for_each_tensor(args[i],
@@ -406,12 +463,25 @@ void Recorder::before_write(const at::Tensor& t, bool whole) {
   }
   if (known_.count(t.unsafeGetTensorImpl()) == 0 && storage_of(t) == nullptr &&
       owns_memory(t)) {
-    // Outside memory seen first by a write: copied before it is named, so
-    // that it is not saved as well.
-    take_snapshot(t, state_of(t));
+    if (!(whole && spans_storage(t))) {
+      // Outside memory seen first by a write: copied before it is named, so
+      // that it is not saved as well.
+      take_snapshot(t, state_of(t));
+    }
   }
   resolve(t);
   StorageState& state = *storage_of(t);
+  if (whole && spans_storage(t) && !state.outside.empty() && !state.snapshot.has_value() &&
+      read_.count(t.storage().unsafeGetStorageImpl()) == 0) {
+    // Outside memory that the region overwrites whole before anything read
+    // it (FSDP copies gathered parameters into theirs): what it held is
+    // never read, so nothing of it is kept, and replay makes it anew.
+    for (const size_t index : state.outside) {
+      recording_.outside[index].fresh = true;
+      recording_.outside[index].saved = torch::autograd::SavedVariable();
+    }
+    state.outside.clear();
+  }
   if (state.host_written) {
     if (whole && spans_storage(t) && !state.foreign) {
       // An op makes every byte: host code wrote nothing that stays.
@@ -445,6 +515,12 @@ at::Tensor Recorder::copy_bytes(const c10::Storage& storage) {
   dispatch::IsolationGuard unseen;
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return bytes_of(storage).clone();
+}
+
+void Recorder::note_read(const at::Tensor& t) {
+  if (t.has_storage()) {
+    read_.insert(t.storage().unsafeGetStorageImpl());
+  }
 }
 
 void Recorder::before_read(const at::Tensor& t) {

@@ -41,7 +41,8 @@ std::string Recording::str() const {
       }
       case Step::Kind::Outside: {
         const Outside& o = outside[step.index];
-        out << "%" << o.value << " = outside" << (o.snapshot ? " (copy)" : "");
+        out << "%" << o.value << " = outside" << (o.snapshot ? " (copy)" : "")
+            << (o.fresh ? " (fresh)" : "");
         break;
       }
       case Step::Kind::Fill: {

@@ -4,8 +4,10 @@
 #include <sac/base/internal/generators.h>
 #include <sac/dispatch/internal/boxed.h>
 #include <sac/dispatch/internal/interceptor.h>
+#include <sac/policy/internal/op_traits.h>
 
 #include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/ops/empty_strided.h>
 #include <c10/util/Exception.h>
 
 
@@ -127,6 +129,9 @@ class Replay {
     const size_t end = recording_.steps.size();
     const Lifetimes lifetimes(recording_, end);
     at::AutoDispatchBelowADInplaceOrView below_autograd;
+    if (!recording_.communication.empty()) {
+      recording_.communication.agree();
+    }
     for (size_t i = 0; i < end; ++i) {
       run_step(recording_.steps[i]);
       for (const ValueId v : lifetimes.after(i)) {
@@ -172,6 +177,9 @@ class Replay {
       stack_.push_back(argument_value(argument));
     }
     dispatch::call_op(call.op, call.below, call.intercepted, &stack_);
+    if (policy::communicates(call.op)) {
+      wait_for_work(stack_);
+    }
     ValueId next = call.first_output;
     const ValueId end = call.first_output + call.outputs;
     for (const auto& output : stack_) {
@@ -215,6 +223,12 @@ class Replay {
 
   void load_outside(size_t index) {
     const Outside& outside = recording_.outside[index];
+    if (outside.fresh) {
+      dispatch::IsolationGuard unseen;
+      values_[outside.value] =
+          at::empty_strided(outside.sizes, outside.strides, outside.options);
+      return;
+    }
     if (!outside.snapshot.has_value()) {
       values_[outside.value] = std::move(outside_[index]);
       TORCH_INTERNAL_ASSERT(values_[outside.value].defined(),

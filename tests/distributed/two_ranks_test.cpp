@@ -85,6 +85,17 @@ Runner checkpointed(sac::CheckpointOptions options) {
     return sac::checkpoint(options, sharded_layer, x, shard);
   };
 }
+// A sac::CheckpointRegion around each layer, its gather included.
+Runner in_a_region(sac::CheckpointOptions options) {
+  return [options](const at::Tensor& x, const at::Tensor& shard) {
+    sac::CheckpointRegion region(options);
+    return sharded_layer(x, shard);
+  };
+}
+
+bool regions_available() {
+  return sac::dispatch::mechanism() == sac::dispatch::Mechanism::FallbackKey;
+}
 
 struct Step {
   std::vector<at::Tensor> shard_grads;
@@ -299,6 +310,60 @@ TEST(TwoRanks, ARecomputedCollectiveOfAnotherShapeFailsBeforeIssuingIt) {
   EXPECT_NE(message.find("forward issued it with (Float[4, 16], sum, fwd)"), std::string::npos)
       << message;
   EXPECT_EQ(fwd().issued(), before);
+}
+
+// ---- Regions replay their collectives, once the ranks agree ----------------
+
+TEST(TwoRanks, RegionsReplayTheirCollectivesAfterTheRanksAgree) {
+  if (!regions_available()) GTEST_SKIP() << "sac::CheckpointRegion needs the fallback mechanism";
+  const Step reference = sharded_step(plain());
+  struct Case {
+    const char* name;
+    std::optional<sac::Policy> policy;
+    int64_t reissued;  // per layer: the all-gather and the all-reduce, or none
+  };
+  for (const Case& c : {Case{"full", std::nullopt, 2}, Case{"dots", sac::dots_saveable(), 2},
+                        Case{"keep collectives", sac::never_recompute_collectives(), 0}}) {
+    SCOPED_TRACE(c.name);
+    sac::CheckpointOptions options;
+    if (c.policy) options.policy(*c.policy);
+    const Step step = sharded_step(in_a_region(options));
+    EXPECT_EQ(step.forward_collectives, 2 * kLayers);
+    // What each region's replay issues again, and one agreement per region.
+    EXPECT_EQ(step.backward_collectives, (c.reissued + 1) * kLayers);
+    expect_bit_identical(reference.shard_grads, step.shard_grads);
+  }
+}
+
+TEST(TwoRanks, ARankReplayingAnotherRegionFailsOnEveryRank) {
+  // Rank 1's loss does not use the second layer: its backward replays the
+  // first layer's region while rank 0 replays the second's. The gathers have
+  // the same shapes: without the agreement rank 0 would gather the first
+  // layer's shards as the second's. Every rank fails with sac's error, and
+  // the group stays usable.
+  if (!regions_available()) GTEST_SKIP() << "sac::CheckpointRegion needs the fallback mechanism";
+  const auto weights = full_weights();
+  std::vector<at::Tensor> shards;
+  for (const auto& w : weights) shards.push_back(shard_of(w, rank()).requires_grad_());
+  const Runner run = in_a_region(sac::CheckpointOptions());
+  const at::Tensor first = run(input_of(rank()), shards[0]);
+  const at::Tensor second = run(first, shards[1]);
+  const at::Tensor loss = rank() == 1 ? first.sum() : second.sum();
+  const int64_t before = fwd().issued();
+  const std::string message = error_of([&] { loss.backward(); });
+  EXPECT_NE(message.find("the ranks of process group 'fwd' are about to replay different "
+                         "regions"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("rank 1 of the group: the group's collectives"), std::string::npos) << message;
+  EXPECT_EQ(fwd().issued(), before + 1);  // the agreement, nothing replayed
+
+  at::Tensor one;
+  {
+    torch::NoGradGuard no_grad;
+    one = dist::wait_tensor(dist::all_reduce(torch::ones({1}), "sum", fwd().name));
+  }
+  EXPECT_EQ(one.item<float>(), static_cast<float>(ranks()));
 }
 
 // ---- Async collectives: wait_tensor inside the region ------------------------

@@ -53,6 +53,16 @@ bool is_collective(const c10::OperatorHandle& op);
 // (sac/cache/internal/collective_ledger.h). Cheap for aten ops: one character compare.
 bool issues_collective(const c10::OperatorHandle& op);
 
+// True for the collectives that communicate: issues_collective's, and c10d's
+// ops on a ProcessGroup (c10d::_allgather_base_, c10d::broadcast_, ...),
+// which a region records (sac/record/internal/communication.h).
+bool communicates(const c10::OperatorHandle& op);
+
+// What makes two calls of a collective the same communication: its tensors'
+// dtypes and shapes, and its other arguments (group, reduction, group size),
+// in schema order, as text.
+std::string collective_signature(c10::ArrayRef<c10::IValue> args);
+
 // Ops whose schema says "functional" but whose output shares its input's
 // storage with a version counter of its own (aten::_unsafe_view). A cache
 // must see them to notice in-place changes made through their outputs.

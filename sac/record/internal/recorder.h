@@ -9,8 +9,11 @@
 // a value, made without an op), else it is an outside tensor. Its owner adds
 // the tensors autograd saves as marks.
 //
+// Collectives are recorded as any op, and noted for the ranks' agreement
+// before a replay communicates (communication.h).
+//
 // What it refuses, with a CheckpointError-style c10::Error naming the op:
-//   * collectives (c10d ops): replaying would communicate a second time;
+//   * ops run as part of a trace (torch.compile, make_fx, export);
 //   * ops with a Storage argument (set_ on a storage): a storage is not a
 //     value the recording can follow;
 //   * tensors inside other containers than lists (none in aten today).
@@ -30,6 +33,7 @@
 #include <functional>
 #include <optional>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace sac::record {
 
@@ -110,6 +114,8 @@ class Recorder final : public dispatch::OpObserver {
   // Before a call or autograd reads `t`: bytes written outside the
   // dispatcher since they were last taken become a Fill step.
   void before_read(const at::Tensor& t);
+  // An op or autograd reads `t`: its storage can no longer be made fresh.
+  void note_read(const at::Tensor& t);
   void fill_if_changed(const at::Tensor& t, StorageState& state);
   Argument record_argument(const c10::OperatorHandle& op, size_t index,
                            const c10::IValue& arg);
@@ -119,6 +125,9 @@ class Recorder final : public dispatch::OpObserver {
   SaveOutside save_outside_;
   std::unordered_map<const c10::TensorImpl*, Known> known_;
   std::unordered_map<const c10::StorageImpl*, StorageState> storages_;
+  // The storages an op or autograd read (a weak reference in storages_ or
+  // known_ keeps the address from being reused).
+  std::unordered_set<const c10::StorageImpl*> read_;
   // The call between before_op and after_op (an op that throws never gets
   // its after_op: the next before_op drops it).
   std::optional<Call> pending_;

@@ -21,6 +21,9 @@
 //                 into the live tensor;
 //               * when it is first seen, if the tensor does not own its memory
 //                 (torch::from_blob), which may be gone by backward.
+//             Or it is fresh memory of its layout, when the region
+//             overwrites all of the storage before anything reads it (FSDP
+//             copies gathered parameters into theirs): nothing of it is kept.
 //             Each tensor read on outside memory is watched: replay refuses
 //             to start if one was modified in place since (OutsideRead).
 //   Fill      bytes that code outside the dispatcher wrote into memory the
@@ -43,6 +46,7 @@
 #pragma once
 
 #include <sac/base/internal/version_watch.h>
+#include <sac/record/internal/communication.h>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -92,8 +96,10 @@ struct Call {
 
 struct Outside {
   ValueId value = 0;
-  // Kept as autograd keeps an input it saves (empty with a copy).
+  // Kept as autograd keeps an input it saves (empty with a copy, or fresh).
   torch::autograd::SavedVariable saved;
+  // Replay makes new memory of this layout (the region overwrites it whole).
+  bool fresh = false;
   // With a copy: the index of the copied storage (in `snapshots`). Where the
   // value lies in its storage (saved: all of it):
   std::optional<size_t> snapshot;
@@ -142,6 +148,9 @@ struct Recording {
   std::vector<Fill> fills;
   std::vector<Alias> aliases;
   ValueId values = 0;  // values made so far
+  // The collectives among the calls, for the ranks' agreement before a
+  // replay communicates.
+  Communication communication;
 
   ValueId new_value() { return values++; }
 

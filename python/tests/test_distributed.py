@@ -1,0 +1,116 @@
+"""sac inside FSDP2, DDP and tensor parallelism, on 2 ranks (Gloo, CPU):
+distributed_worker.py runs every mode on tiny Hugging Face models. Each
+mode's losses and gradients are bit-identical to the same setup without
+checkpointing, and sac's op list keeps the bytes PyTorch's SAC keeps with
+it. `-s` prints a table of the results."""
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch.distributed as dist
+
+if not (dist.is_available() and dist.is_gloo_available()):
+    pytest.skip("torch.distributed with Gloo is not available", allow_module_level=True)
+
+# What `with sac.region(ops):` around the whole forward does under each setup
+# (SAC_DISPATCH=fallback): None, it runs and matches; else it refuses with an
+# error that says this. Under tensor parallelism autograd saves DTensors,
+# which a region (recording below them) cannot recompute.
+REGION_REFUSES = {"fsdp2": None, "fsdp2_keep": None, "ddp": None,
+                  "tp": "a tensor subclass with a __torch_dispatch__ in the region (a DTensor"}
+SETUPS = list(REGION_REFUSES)
+MODELS = ["llama", "gpt2"]
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope="module")
+def launch(tmp_path_factory):
+    """One launch of the worker for every setup and model (starting two
+    ranks costs more than their steps): the results, and the worker's error
+    output if it failed (the pairs it finished are in the results)."""
+    out = tmp_path_factory.mktemp("distributed") / "results.json"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node", "2", "distributed_worker.py", "--setup", *SETUPS,
+               "--model", *MODELS, "--out", str(out)]
+    # A session of its own: on a timeout the ranks go with the launcher.
+    worker = subprocess.Popen(command, cwd=HERE, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = worker.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(worker.pid, signal.SIGKILL)
+        output = worker.communicate()[0] + "\n(killed after 240 s)"
+    results = json.loads(out.read_text()) if out.exists() else {}
+    yield results, None if worker.returncode == 0 else output[-6000:]
+    print_table(results)
+
+
+def print_table(results):
+    print(f"\n{'setup':<11}{'model':<7}{'mode':<15}{'identical':<10}{'bytes rank 0':>13}"
+          f"{'rank 1':>9}  note")
+    for setup, models in results.items():
+        for model, modes in models.items():
+            if "not_applicable" in modes:
+                print(f"{setup:<11}{model:<7}{'-':<15}{'-':<10}{'':>22}  not applicable")
+                continue
+            for mode, r in modes.items():
+                kept = r.get("bytes_after_forward") or [None, None]
+                note = (r.get("skipped") or r.get("error") or r.get("first_difference")
+                        or "")[:70]
+                print(f"{setup:<11}{model:<7}{mode:<15}{str(r.get('identical', '-')):<10}"
+                      f"{str(kept[0]):>13}{str(kept[1]):>9}  {note}")
+
+
+def modes_of(launch, setup, model):
+    results, failure = launch
+    assert model in results.get(setup, {}), f"the worker stopped before {setup}/{model}:\n" \
+                                            f"{failure}"
+    modes = results[setup][model]
+    if "not_applicable" in modes:
+        pytest.skip(modes["not_applicable"])
+    return modes
+
+
+PAIRS = pytest.mark.parametrize("setup,model", [(s, m) for s in SETUPS for m in MODELS])
+
+
+@PAIRS
+def test_every_mode_matches_no_checkpointing(launch, setup, model):
+    for mode, r in modes_of(launch, setup, model).items():
+        if mode == "region":
+            continue
+        assert r["ok"], f"{mode}: {r['error']}"
+        assert r["identical"], f"{mode}: {r['first_difference']} differs"
+
+
+@PAIRS
+def test_sac_keeps_what_pytorch_s_sac_keeps(launch, setup, model):
+    modes = modes_of(launch, setup, model)
+    ours, theirs = (modes[m]["bytes_after_forward"] for m in ("sac_context_fn", "pytorch_sac"))
+    if ours is None or theirs is None:
+        pytest.skip("bytes not counted (SAC_COUNTING_ALLOCATOR is not set, or a mode failed)")
+    assert ours == theirs, f"per rank: sac keeps {ours} bytes, PyTorch's SAC {theirs}"
+
+
+@PAIRS
+def test_a_region_around_the_forward(launch, setup, model):
+    modes = modes_of(launch, setup, model)
+    r = modes["region"]
+    if "skipped" in r:
+        pytest.skip(r["skipped"])
+    if REGION_REFUSES[setup] is not None:
+        assert not r["ok"] and REGION_REFUSES[setup] in r["error"], r["error"]
+        assert "sac.context_fn" in r["error"], r["error"]
+        return
+    assert r["ok"], r["error"]
+    assert r["identical"], f"{r['first_difference']} differs"
+    # The replay gathers parameters itself: the region keeps none of them (one
+    # Llama layer's gathered parameters alone are 37,120 bytes), and keeps no
+    # more than PyTorch's SAC with the same op list.
+    ours, theirs = r["bytes_after_forward"], modes["pytorch_sac"]["bytes_after_forward"]
+    if ours is not None and theirs is not None:
+        assert all(a <= b for a, b in zip(ours, theirs)), \
+            f"per rank: the region keeps {ours} bytes, PyTorch's SAC {theirs}"
