@@ -563,6 +563,36 @@ TEST_F(RegionMemory, BatchNormKeepsCopiesOfItsStatistics) {
   EXPECT_EQ(live(), base);
 }
 
+// Memory from before the region that the region overwrites whole before
+// anything reads it (FSDP copies gathered parameters into buffers it made
+// earlier, viewing them first) is neither saved nor copied: the replay makes
+// it anew. Changing the live buffer before backward (FSDP frees it) changes
+// nothing. Memory read before the overwrite is still copied.
+TEST_F(RegionMemory, MemoryOverwrittenWholeBeforeAnyReadIsNotKept) {
+  REQUIRE_REGION();
+  const auto shard = torch::randn({32, 32}, torch::requires_grad());
+  const auto forward = [&](const at::Tensor& buffer, bool read_first) {
+    at::Tensor h = read_first ? x + buffer.narrow(0, 0, 8) : x;  // read, not saved
+    buffer.view({-1});                 // seen first through a view, as FSDP does
+    buffer.copy_(shard.detach() * 2);  // every byte written, none read
+    const at::Tensor w = buffer + shard - shard.detach();  // the gradient reaches shard
+    return torch::tanh(torch::mm(h, w));
+  };
+  for (const bool read_first : {false, true}) {
+    SCOPED_TRACE(read_first ? "read, then overwritten" : "overwritten first");
+    const auto expected = sac_test::run_and_grad(
+        [&] { return forward(torch::ones({32, 32}) / 8, read_first); }, {x}, {shard});
+    const at::Tensor buffer = torch::ones({32, 32}) / 8;
+    const int64_t base = live();
+    at::Tensor y = in_region({}, [&] { return forward(buffer, read_first); });
+    const int64_t copy = read_first ? 32 * 32 * 4 : 0;
+    EXPECT_EQ(live() - base, static_cast<int64_t>(y.nbytes()) + copy);
+    buffer.fill_(7);  // not read again by the replay
+    const auto grads = torch::autograd::grad({y.sum()}, {x, shard});
+    sac_test::expect_bit_identical({expected[0], expected[1], expected[2]}, {y, grads[0], grads[1]});
+  }
+}
+
 // The replay keeps a value only until its last use: its peak during
 // backward is no higher than that of the function-based recomputation.
 TEST_F(RegionMemory, ReplayPeakIsNoHigherThanFunctionRerun) {

@@ -90,6 +90,7 @@ void Communication::note(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValu
   for (Group& known : groups_) {
     if (known.group.get() == group->group.get()) {
       entry = &known;
+      break;
     }
   }
   const std::string call = c10::str(op.operator_name(), "(",

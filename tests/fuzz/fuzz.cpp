@@ -362,7 +362,7 @@ enum class Op {
   Sort, Dropout, RandLikeMul, Argmax, IndexSelect, GatherFixed, GatherIdx,
   Cast64,
   // attention, modules, non-tensor values, inner backward, buffer
-  Sdpa, LinearModule, LayerNormModule, BatchNormModule, ItemScale, InnerGrad, BufferMutate,
+  Sdpa, LinearModule, LayerNormModule, BatchNormModule, ItemScale, InnerGrad, BufferMutate, BufferOverwrite,
   // a custom autograd Function whose backward differentiates a checkpointed
   // graph it built in its forward
   FunctionGrad,
@@ -426,6 +426,7 @@ std::pair<const char*, const char*> op_name(Op op) {
     case Op::ItemScale: return {"item_scale", "a * tanh(b.mean().item<double>())"};
     case Op::InnerGrad: return {"inner_grad", "autograd::grad(sum(sin(a) * b), a, create_graph=true)"};
     case Op::BufferMutate: return {"buffer_inplace", ""};
+    case Op::BufferOverwrite: return {"buffer_overwrite", "buf written whole (copy_ of a constant), then a * buf.mean()"};
     case Op::HostConst: return {"host_const", "a * c, c made from host data in the step"};
     case Op::Drift: return {"drift", "a * drift(a): a custom op whose scale grows with each call"};
     case Op::HostIndex: return {"host_index", "a.index_select(0, torch::tensor(std::vector<int64_t>{...}))"};
@@ -578,6 +579,7 @@ std::string Program::describe(const Step& s) const {
         << " dropout_p=" << s.reals[0];
       break;
     case Op::BufferMutate: o << (s.ints[0] ? " [buf.mul_(0.9)]" : " [buf.add_(0.25)]"); break;
+    case Op::BufferOverwrite: o << (s.ints[0] ? " [buf.view(-1).copy_(...)]" : " [buf.copy_(...)]"); break;
     case Op::FunctionGrad:
       o << " [outer" << (s.ints[0] ? " values" : "") << ", inner" << (s.ints[1] ? " saves mm/bmm" : "")
         << (s.ints[3] ? ", f checkpointed again" : "")
@@ -713,7 +715,9 @@ std::set<int> storages_modified_from(const Program& p, int first) {
   std::set<int> out;
   for (size_t i = first; i < p.steps.size(); ++i) {
     const Step& s = p.steps[i];
-    if (s.op == Op::PoolInplace || s.op == Op::BufferMutate) out.insert(p.values[s.in[0]].storage);
+    if (s.op == Op::PoolInplace || s.op == Op::BufferMutate || s.op == Op::BufferOverwrite) {
+      out.insert(p.values[s.in[0]].storage);
+    }
   }
   return out;
 }
@@ -761,23 +765,27 @@ bool has_inner_grad(const Program& p) {
   return false;
 }
 
-// The shapes of program issue 35 asked the fuzzer for, tallied over passed
+// The shapes of program issues asked the fuzzer for, tallied over passed
 // cases: a custom Function whose backward differentiates its nested
 // checkpoints; BatchNorm in training and a backward inside the forward of
-// one region under the value check.
+// one region under the value check (issue 35); a buffer written whole inside
+// a region (issue 36: FSDP's gathered parameters).
 std::string shapes_of_interest(const Program& p) {
-  bool function_grad = false, batch_norm_values = false;
+  bool function_grad = false, batch_norm_values = false, overwritten = false;
   for (const auto& s : p.steps) function_grad |= s.op == Op::FunctionGrad;
   for (const auto& r : p.regions) {
     bool norm = false, grad = false;
     for (int i = r.begin; i < r.end; ++i) {
       norm |= p.steps[i].op == Op::BatchNormModule;
       grad |= p.steps[i].op == Op::InnerGrad;
+      overwritten |= p.steps[i].op == Op::BufferOverwrite;
     }
     batch_norm_values |= r.value_check && norm && grad;
   }
   std::string out = function_grad ? "function-grad" : "";
-  if (batch_norm_values) out += std::string(out.empty() ? "" : ",") + "batchnorm+values+inner-grad";
+  const auto add = [&](const char* shape) { out += std::string(out.empty() ? "" : ",") + shape; };
+  if (batch_norm_values) add("batchnorm+values+inner-grad");
+  if (overwritten) add("buffer-overwritten-in-region");
   return out;
 }
 
@@ -1448,7 +1456,15 @@ class Generator {
     // Outside regions only (see choose_regions): a region's recomputation
     // would apply it again.
     if (is_saved(p_.buffer) && coin(0.8)) return elementwise();
-    emit(Op::BufferMutate, {p_.buffer}, {}, {coin(0.5)});
+    if (coin(0.5)) {
+      emit(Op::BufferMutate, {p_.buffer}, {}, {coin(0.5)});
+      return;
+    }
+    // Written whole, then read: inside a guard region the buffer's memory is
+    // not kept, the replay makes it anew (FSDP's gathered parameters).
+    const int a = any_float();
+    emit(Op::BufferOverwrite, {p_.buffer, a}, {fval(shape(a), rg({a}), val(a).contiguous)},
+         {coin(0.5)});
   }
 
   void host_data() {
@@ -1569,14 +1585,21 @@ class Generator {
     }
   }
 
+  // Whether a recomputation that reruns `op` would write the buffer again:
+  // a guard region replays a buffer written whole into memory of its own.
+  static bool writes_buffer_again(Op op) {
+    return op == Op::BufferMutate ||
+           (op == Op::BufferOverwrite && regions_as() != RegionsAs::Guard);
+  }
+
   // Up to `count` disjoint step ranges inside [lo, hi), never across a
-  // buffer mutation.
+  // buffer mutation a recomputation would apply again.
   void place_regions(int lo, int hi, int parent, int depth, int count) {
     std::vector<std::pair<int, int>> chosen;
     for (int attempt = 0; attempt < 20 && static_cast<int>(chosen.size()) < count; ++attempt) {
       const int b = uniform(lo, hi - 1), e = uniform(b + 1, hi);
       bool ok = true;
-      for (int i = b; i < e && ok; ++i) ok = p_.steps[i].op != Op::BufferMutate;
+      for (int i = b; i < e && ok; ++i) ok = !writes_buffer_again(p_.steps[i].op);
       for (const auto& [cb, ce] : chosen) ok = ok && (e <= cb || b >= ce);
       if (ok) chosen.emplace_back(b, e);
     }
@@ -2073,6 +2096,12 @@ class Runner {
       case Op::BufferMutate:
         if (s.ints[0]) in(0).mul_(0.9); else in(0).add_(0.25);
         break;
+      case Op::BufferOverwrite: {
+        const at::Tensor value = in(1).detach().mean();
+        if (s.ints[0]) in(0).view({-1}).copy_(value); else in(0).copy_(value);
+        set(0, in(1) * in(0).mean());
+        break;
+      }
       // data from the host, views of one memory
       case Op::HostConst: {
         const std::vector<float> data(s.reals.begin(), s.reals.end());
