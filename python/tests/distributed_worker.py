@@ -240,6 +240,32 @@ def run_model(setup, model_name, status_group):
     return results
 
 
+def divergence():
+    """Two regions, each all-gathering a weight of the same shape; rank 1's
+    loss does not use the second, so its backward replays the first region
+    while rank 0 replays the second. What each rank raised (None: nothing)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    shards = [w.chunk(world)[rank].clone().requires_grad_() for w in torch.randn(2, 8, 8)]
+    h = torch.randn(4, 8, requires_grad=True)
+
+    def layer(x, shard):
+        gathered = torch.empty(8, 8)
+        dist.all_gather_into_tensor(gathered, shard.detach())
+        return torch.tanh(x @ (gathered + shard.sum() * 0))  # the gradient reaches shard
+
+    outputs = []
+    for shard in shards:
+        with sac.region():
+            h = layer(h, shard)
+        outputs.append(h)
+    try:
+        (outputs[0] if rank == 1 else outputs[1]).sum().backward()
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
 def abort(message):
     print(f"distributed_worker, rank {dist.get_rank()}: {message}", file=sys.stderr, flush=True)
     os._exit(1)  # not sys.exit: a rank stuck in a collective would hang the exit
@@ -247,11 +273,21 @@ def abort(message):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--setup", nargs="+", choices=SETUPS, required=True)
-    parser.add_argument("--model", nargs="+", choices=MODELS, required=True)
+    parser.add_argument("--setup", nargs="+", choices=SETUPS, default=[])
+    parser.add_argument("--model", nargs="+", choices=MODELS, default=[])
+    parser.add_argument("--divergence", action="store_true",
+                        help="run divergence() instead (needs SAC_DISPATCH=fallback)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     dist.init_process_group("gloo", timeout=TIMEOUT)
+    if args.divergence:
+        raised = [None] * dist.get_world_size()
+        dist.all_gather_object(raised, divergence())
+        if dist.get_rank() == 0:
+            with open(args.out, "w") as f:
+                json.dump(raised, f)
+        dist.destroy_process_group()
+        return
     # Status travels on a group of its own, so that it never pairs with a
     # collective that a failed mode left pending on the default group.
     status_group = dist.new_group(backend="gloo", timeout=TIMEOUT)

@@ -12,6 +12,8 @@ import sys
 import pytest
 import torch.distributed as dist
 
+import sac
+
 if not (dist.is_available() and dist.is_gloo_available()):
     pytest.skip("torch.distributed with Gloo is not available", allow_module_level=True)
 
@@ -26,15 +28,11 @@ MODELS = ["llama", "gpt2"]
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.fixture(scope="module")
-def launch(tmp_path_factory):
-    """One launch of the worker for every setup and model (starting two
-    ranks costs more than their steps): the results, and the worker's error
-    output if it failed (the pairs it finished are in the results)."""
-    out = tmp_path_factory.mktemp("distributed") / "results.json"
+def run_worker(out, *arguments):
+    """The worker on 2 ranks: what it wrote to `out` (None if nothing), and
+    its output if it failed."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node", "2", "distributed_worker.py", "--setup", *SETUPS,
-               "--model", *MODELS, "--out", str(out)]
+               "--nproc_per_node", "2", "distributed_worker.py", *arguments, "--out", str(out)]
     # A session of its own: on a timeout the ranks go with the launcher.
     worker = subprocess.Popen(command, cwd=HERE, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -43,9 +41,19 @@ def launch(tmp_path_factory):
     except subprocess.TimeoutExpired:
         os.killpg(worker.pid, signal.SIGKILL)
         output = worker.communicate()[0] + "\n(killed after 240 s)"
-    results = json.loads(out.read_text()) if out.exists() else {}
-    yield results, None if worker.returncode == 0 else output[-6000:]
-    print_table(results)
+    results = json.loads(out.read_text()) if out.exists() else None
+    return results, None if worker.returncode == 0 else output[-6000:]
+
+
+@pytest.fixture(scope="module")
+def launch(tmp_path_factory):
+    """One launch of the worker for every setup and model (starting two
+    ranks costs more than their steps): the results, and the worker's error
+    output if it failed (the pairs it finished are in the results)."""
+    out = tmp_path_factory.mktemp("distributed") / "results.json"
+    results, failure = run_worker(out, "--setup", *SETUPS, "--model", *MODELS)
+    yield results or {}, failure
+    print_table(results or {})
 
 
 def print_table(results):
@@ -114,3 +122,15 @@ def test_a_region_around_the_forward(launch, setup, model):
     if ours is not None and theirs is not None:
         assert all(a <= b for a, b in zip(ours, theirs)), \
             f"per rank: the region keeps {ours} bytes, PyTorch's SAC {theirs}"
+
+
+def test_a_rank_replaying_another_region_fails_on_every_rank(tmp_path):
+    """Rank 1's loss skips the second of two regions whose all-gathers have
+    the same shape: without the ranks' agreement, rank 0 would gather the
+    first layer's shards as the second's. Every rank raises sac's error."""
+    if not sac.mechanism().startswith("fallback"):
+        pytest.skip("sac.region needs SAC_DISPATCH=fallback")
+    raised, failure = run_worker(tmp_path / "raised.json", "--divergence")
+    assert raised is not None, failure
+    for rank, message in enumerate(raised):
+        assert message and "are about to replay different regions" in message, (rank, message)
