@@ -18,6 +18,7 @@
 #include "examples/gpt.h"
 
 #include <sac/sac.h>
+#include <sac/policy/presets.h>
 
 #include <torch/torch.h>
 
@@ -70,12 +71,14 @@ Model mlp(int64_t width = 64, bool in_place = false) {
     for (const auto& p : b->parameters()) bytes += p.numel() * 4.0;
   }
   const at::Tensor x = torch::randn({32, width});
-  return {"MLP 4 x " + std::to_string(width) + ", batch 32" + (in_place ? ", residual in place" : ""),
+  return {"MLP 4 x " + std::to_string(width) + ", batch 32" +
+              (in_place ? ", residual in place" : ""),
           bytes / (1 << 20), [blocks, x](const sac::CheckpointOptions& o) {
             at::Tensor h = x;
             for (const MlpBlock& block : *blocks) {
               std::shared_ptr<MlpBlockImpl> b = block.ptr();
-              h = sac::checkpoint(o, [b](const at::Tensor& in) { return b->forward(in); }, h);
+              h = sac::checkpoint(
+                  o, [b](const at::Tensor& in) { return b->forward(in); }, h);
             }
             h.square().sum().backward();
           }};
@@ -164,9 +167,9 @@ int main(int argc, char** argv) {
   std::printf("| --- | ---: | ---: | ---: |\n");
   for (const int64_t width : {16, 64, 256}) {
     const Model model = mlp(width, /*in_place=*/true);
-    const auto [off, on] = alternate(model.step, runs,
-                                     sac::CheckpointOptions().outside_tensor_check(false),
-                                     sac::CheckpointOptions());
+    const auto [off, on] =
+        alternate(model.step, runs, sac::CheckpointOptions().outside_tensor_check(false),
+                  sac::CheckpointOptions());
     std::printf("| %s | %.2f | %.2f | %.2fx |\n", model.name.c_str(), off, on, on / off);
     std::fflush(stdout);
   }

@@ -31,7 +31,7 @@ import torch
 import torch._functorch.config as functorch_config
 from torch.utils.checkpoint import checkpoint
 
-import sac
+import torch_sac as sac
 
 counting = ctypes.CDLL(os.environ["SAC_COUNTING_ALLOCATOR"])
 counting.sac_counting_live_bytes.restype = ctypes.c_int64
@@ -146,7 +146,7 @@ def run_model(name, budgets, steps):
     gc.disable()
     try:
         torch.manual_seed(7)
-        phases = sac.measure_step(lambda: nothing(**inputs).loss.backward(), **PROBE)
+        phases = sac.measure_step_phases(lambda: nothing(**inputs).loss.backward(), **PROBE)
     finally:
         gc.enable()
     profiled = profiles(model, inputs)

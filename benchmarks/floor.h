@@ -10,6 +10,7 @@
 #pragma once
 
 #include <sac/dispatch/internal/interceptor.h>
+#include <sac/dispatch/internal/placement.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -49,15 +50,18 @@ class Floor {
     const c10::DispatchKey key = sac::dispatch::interception_key(mechanism);
     auto& dispatcher = c10::Dispatcher::singleton();
     if (mechanism == sac::dispatch::Mechanism::PerOpKernels) {
-      TORCH_CHECK(key == c10::DispatchKey::ADInplaceOrView, "sac's per-op key moved; update the floor");
-      registration_.emplace(dispatcher.registerImpl(
-          op, key,
-          c10::KernelFunction::makeFromBoxedFunction<&do_nothing_kernel<c10::DispatchKey::ADInplaceOrView>>(),
-          std::nullopt, nullptr, "sac benchmark floor"));
+      TORCH_CHECK(key == c10::DispatchKey::ADInplaceOrView,
+                  "sac's per-op key moved; update the floor");
+      registration_.emplace(
+          dispatcher.registerImpl(op, key,
+                                  c10::KernelFunction::makeFromBoxedFunction<
+                                      &do_nothing_kernel<c10::DispatchKey::ADInplaceOrView>>(),
+                                  std::nullopt, nullptr, "sac benchmark floor"));
     } else {
       TORCH_CHECK(key == c10::DispatchKey::Fake, "sac's fallback key moved; update the floor");
       registration_.emplace(dispatcher.registerFallback(
-          key, c10::KernelFunction::makeFromBoxedFunction<&do_nothing_kernel<c10::DispatchKey::Fake>>(),
+          key,
+          c10::KernelFunction::makeFromBoxedFunction<&do_nothing_kernel<c10::DispatchKey::Fake>>(),
           "sac benchmark floor"));
       included_.emplace(key);
     }

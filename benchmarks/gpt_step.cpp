@@ -25,6 +25,7 @@
 //
 // Exit status 0 only if every mode's gradients are bit-identical to none's.
 #include <sac/sac.h>
+#include <sac/policy/presets.h>
 
 #include "examples/gpt.h"
 #include "examples/gpt_flags.h"
@@ -51,11 +52,13 @@
 
 namespace {
 
-const std::vector<std::string> kAllModes = {
-    "none",          "full",
-    "nothing_saveable", "dots_saveable",
-    "compute_intensive_ops", "matmuls_and_attention",
-    "everything_saveable"};
+const std::vector<std::string> kAllModes = {"none",
+                                            "full",
+                                            "nothing_saveable",
+                                            "dots_saveable",
+                                            "compute_intensive_ops",
+                                            "matmuls_and_attention",
+                                            "everything_saveable"};
 
 }  // namespace
 
@@ -73,7 +76,8 @@ ABSL_FLAG(std::string, dispatch, "default",
 ABSL_FLAG(std::string, weights, "",
           "a torch.save file of {'param.<name>': tensor, 'inputs', 'targets'}; "
           "default: seeded initialisation and examples/gpt.h's synthetic batch");
-ABSL_FLAG(std::string, grads, "", "a folder to write each mode's first-step gradients to (<mode>.pt)");
+ABSL_FLAG(std::string, grads, "",
+          "a folder to write each mode's first-step gradients to (<mode>.pt)");
 ABSL_FLAG(std::string, csv, "", "a file to write the numbers to");
 
 namespace {
@@ -88,7 +92,7 @@ using sac_examples::MemoryMeter;
 
 struct Mode {
   std::string name;
-  std::optional<sac::CheckpointOptions> options;  // none: no checkpointing
+  std::optional<sac::CheckpointOptions> options;      // none: no checkpointing
   std::shared_ptr<sac::RegionStatistics> statistics;  // policies only
 };
 
@@ -98,7 +102,8 @@ Mode mode_named(const std::string& name) {
   if (name.size() > suffix.size() &&
       name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0) {
     Mode mode = mode_named(name.substr(0, name.size() - suffix.size()));
-    TORCH_CHECK(mode.options.has_value(), "gpt_step: ", name, ": `none` checkpoints nothing to check");
+    TORCH_CHECK(mode.options.has_value(), "gpt_step: ", name,
+                ": `none` checkpoints nothing to check");
     mode.name = name;
     mode.options->determinism_check(sac::DeterminismCheck::Values);
     return mode;
@@ -123,7 +128,8 @@ Mode mode_named(const std::string& name) {
 std::vector<Mode> chosen_modes() {
   const auto names = absl::GetFlag(FLAGS_modes);
   std::vector<Mode> modes;
-  if (std::find(names.begin(), names.end(), "none") == names.end()) modes.push_back(mode_named("none"));
+  if (std::find(names.begin(), names.end(), "none") == names.end())
+    modes.push_back(mode_named("none"));
   for (const auto& name : names) modes.push_back(mode_named(name));
   return modes;
 }
@@ -142,7 +148,8 @@ void synchronize(const torch::Device& device) {
 }
 
 double ms_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
 }
 
 // Autocast to bfloat16 on CUDA while alive, if asked for.
@@ -182,7 +189,8 @@ at::Tensor forward_loss(Gpt& model, const Batch& batch, const Mode& mode, const 
   for (size_t i = 0; i < model->blocks->size(); ++i) {
     std::shared_ptr<GptBlockImpl> block = model->blocks->ptr<GptBlockImpl>(i);
     if (mode.options) {
-      h = sac::checkpoint(*mode.options, [block](const at::Tensor& x) { return block->forward(x); }, h);
+      h = sac::checkpoint(
+          *mode.options, [block](const at::Tensor& x) { return block->forward(x); }, h);
     } else {
       h = block->forward(h);
     }
@@ -219,7 +227,8 @@ using Gradients = std::vector<std::pair<std::string, at::Tensor>>;
 
 Gradients gradients_of(Gpt& model) {
   Gradients out;
-  for (const auto& p : model->named_parameters()) out.emplace_back(p.key(), p.value().grad().clone());
+  for (const auto& p : model->named_parameters())
+    out.emplace_back(p.key(), p.value().grad().clone());
   return out;
 }
 
@@ -305,13 +314,15 @@ int run_all(int argc, char** argv) {
   absl::SetProgramUsageMessage("times forward + backward of a GPT under each checkpointing mode");
   sac_examples::parse_flags(argc, argv);
   const int64_t runs = absl::GetFlag(FLAGS_runs);
-  Config config = sac_examples::config_from_flags(/*steps=*/1, {runs, absl::GetFlag(FLAGS_threads)});
+  Config config =
+      sac_examples::config_from_flags(/*steps=*/1, {runs, absl::GetFlag(FLAGS_threads)});
   config.dropout = absl::GetFlag(FLAGS_dropout);
   const std::string autocast = absl::GetFlag(FLAGS_autocast);
   if (autocast != "none" && autocast != "bf16") {
     throw std::invalid_argument("--autocast must be none or bf16, not '" + autocast + "'");
   }
-  const Setup setup{config, sac_examples::device_named(absl::GetFlag(FLAGS_device)), autocast == "bf16", absl::GetFlag(FLAGS_seed)};
+  const Setup setup{config, sac_examples::device_named(absl::GetFlag(FLAGS_device)),
+                    autocast == "bf16", absl::GetFlag(FLAGS_seed)};
   if (setup.autocast && !setup.device.is_cuda()) {
     throw std::invalid_argument("--autocast=bf16 is for --device=cuda");
   }
@@ -352,7 +363,8 @@ int run_all(int argc, char** argv) {
   std::FILE* csv = nullptr;
   if (!absl::GetFlag(FLAGS_csv).empty()) {
     csv = std::fopen(absl::GetFlag(FLAGS_csv).c_str(), "w");
-    if (csv == nullptr) throw std::runtime_error("cannot write --csv '" + absl::GetFlag(FLAGS_csv) + "'");
+    if (csv == nullptr)
+      throw std::runtime_error("cannot write --csv '" + absl::GetFlag(FLAGS_csv) + "'");
     std::fprintf(csv,
                  "mode,kept_bytes,peak_bytes,step_ms_median,step_ms_min,step_ms_max,"
                  "forward_ms_median,backward_ms_median,recompute_ms_median,identical_to_none\n");

@@ -45,11 +45,21 @@ const OpCase& op_case(int64_t which) {
   static const std::vector<OpCase> cases = [] {
     torch::manual_seed(0);
     return std::vector<OpCase>{
-        {{"aten::mul", "Tensor"}, "aten::mul.Tensor", "aten::mm", 4096, torch::ones({1}),
-         torch::ones({1}), &mul},
+        {{"aten::mul", "Tensor"},
+         "aten::mul.Tensor",
+         "aten::mm",
+         4096,
+         torch::ones({1}),
+         torch::ones({1}),
+         &mul},
         // Fewer calls per batch: a listed mm keeps 256 KiB per call.
-        {{"aten::mm", ""}, "aten::mm", "aten::mul.Tensor", 64, torch::randn({256, 256}),
-         torch::randn({256, 256}), &mm},
+        {{"aten::mm", ""},
+         "aten::mm",
+         "aten::mul.Tensor",
+         64,
+         torch::randn({256, 256}),
+         torch::randn({256, 256}),
+         &mm},
     };
   }();
   return cases.at(static_cast<size_t>(which));
@@ -69,7 +79,7 @@ void run_caching(benchmark::State& state, const sac::Policy& policy) {
     state.PauseTiming();
     {
       auto modes = sac::create_selective_checkpoint_contexts(policy);
-      sac::ContextScope caching(modes.caching.get());
+      sac::RegionContext::Scope caching(modes.caching.get());
       state.ResumeTiming();
       for (int64_t i = 0; i < c.batch; ++i) benchmark::DoNotOptimize(c.call());
       state.PauseTiming();
@@ -119,10 +129,10 @@ void CachedReplay(benchmark::State& state) {
     {
       auto modes = sac::create_selective_checkpoint_contexts(policy);
       {
-        sac::ContextScope caching(modes.caching.get());
+        sac::RegionContext::Scope caching(modes.caching.get());
         for (int64_t i = 0; i < c.batch; ++i) c.call();
       }
-      sac::ContextScope cached(modes.cached.get());
+      sac::RegionContext::Scope cached(modes.cached.get());
       state.ResumeTiming();
       for (int64_t i = 0; i < c.batch; ++i) benchmark::DoNotOptimize(c.call());
       state.PauseTiming();

@@ -32,8 +32,8 @@ extern "C" __attribute__((noinline)) void measured_loop(const at::Tensor& a, con
 // the loop. The difference to measured_loop is what keeping costs without
 // sac; `listed` pays it too.
 extern "C" __attribute__((noinline)) void measured_loop_kept(const at::Tensor& a,
-                                                              const at::Tensor& b,
-                                                              std::vector<at::Tensor>& kept) {
+                                                             const at::Tensor& b,
+                                                             std::vector<at::Tensor>& kept) {
   for (int i = 0; i < kCalls; ++i) {
     kept.push_back(at::mul(a, b));
   }
@@ -56,8 +56,9 @@ int main(int argc, char** argv) {
   } else if (variant == "unlisted") {
     policy = sac::Policy::save_ops({"aten::mm"});
   } else if (variant == "callback") {
-    policy = sac::Policy::from_fn([](const sac::SelectiveCheckpointContext&, const c10::OperatorHandle&,
-                                     c10::ArrayRef<c10::IValue>) { return false; });
+    policy =
+        sac::Policy::from_fn([](const sac::SelectiveCheckpointContext&, const c10::OperatorHandle&,
+                                c10::ArrayRef<c10::IValue>) { return false; });
   } else if (variant != "no_sac" && variant != "kept" && variant != "floor") {
     std::fprintf(stderr, "unknown variant %s\n", argv[1]);
     return 2;
@@ -70,10 +71,10 @@ int main(int argc, char** argv) {
   // cached mode serves them; its first 10 are the warm-up.
   constexpr int kWarmUp = 10;
   if (variant == "replay") {
-    sac::ContextScope caching(modes->caching.get());
+    sac::RegionContext::Scope caching(modes->caching.get());
     for (int i = 0; i < kWarmUp + kCalls; ++i) at::mul(a, b);
   }
-  std::optional<sac::ContextScope> active;
+  std::optional<sac::RegionContext::Scope> active;
   if (modes && variant != "idle") {
     active.emplace(variant == "replay" ? static_cast<sac::RegionContext*>(modes->cached.get())
                                        : modes->caching.get());

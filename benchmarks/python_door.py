@@ -42,7 +42,7 @@ from torch.utils.checkpoint import (
     noop_context_fn,
 )
 
-import sac
+import torch_sac as sac
 
 aten = torch.ops.aten
 OPS = [aten.mm.default, aten.addmm.default, aten.bmm.default,

@@ -49,11 +49,10 @@ void step(std::vector<sac_examples::GptBlock>& blocks, Mode mode,
   at::Tensor h = x;
   for (auto& block : blocks) {
     switch (mode) {
-      case Mode::Plain:
-        h = block->forward(h);
-        break;
+      case Mode::Plain: h = block->forward(h); break;
       case Mode::Rerun:
-        h = sac::checkpoint(options, [&](const at::Tensor& in) { return block->forward(in); }, h);
+        h = sac::checkpoint(
+            options, [&](const at::Tensor& in) { return block->forward(in); }, h);
         break;
       case Mode::Replay: {
         sac::CheckpointRegion region(options);
@@ -93,12 +92,8 @@ std::pair<double, double> per_op_ns(Mode mode, int rounds) {
     auto start = Clock::now();
     at::Tensor y;
     switch (mode) {
-      case Mode::Plain:
-        y = chain(x);
-        break;
-      case Mode::Rerun:
-        y = sac::checkpoint(chain, x);
-        break;
+      case Mode::Plain: y = chain(x); break;
+      case Mode::Rerun: y = sac::checkpoint(chain, x); break;
       case Mode::Replay: {
         sac::CheckpointRegion region;
         y = chain(x);
@@ -141,8 +136,7 @@ int main(int argc, char** argv) {
     sac::CheckpointOptions options;
     Result result;
   };
-  const auto save_matmuls =
-      sac::CheckpointOptions().policy(sac::Policy::save_ops({"aten::addmm"}));
+  const auto save_matmuls = sac::CheckpointOptions().policy(sac::Policy::save_ops({"aten::addmm"}));
   std::vector<Config> configs{
       {"-", "none (plain autograd)", Mode::Plain, {}, {}},
       {"recompute all", "function rerun", Mode::Rerun, {}, {}},
@@ -157,13 +151,15 @@ int main(int argc, char** argv) {
     }
   }
   const double plain_backward = configs[0].result.backward_ms;
-  std::printf("%-14s %-22s %10s %11s %12s %9s %18s\n", "policy", "recomputation",
-              "forward ms", "backward ms", "recompute ms", "kept MiB", "backward peak MiB");
+  std::printf("%-14s %-22s %10s %11s %12s %9s %18s\n", "policy", "recomputation", "forward ms",
+              "backward ms", "recompute ms", "kept MiB", "backward peak MiB");
   for (const auto& c : configs) {
     const Result& r = c.result;
     std::printf("%-14s %-22s %10.2f %11.2f %12s %9.2f %18.2f\n", c.policy.c_str(),
                 c.recomputation.c_str(), r.forward_ms, r.backward_ms,
-                c.mode == Mode::Plain ? "-" : std::to_string(r.backward_ms - plain_backward).substr(0, 6).c_str(),
+                c.mode == Mode::Plain
+                    ? "-"
+                    : std::to_string(r.backward_ms - plain_backward).substr(0, 6).c_str(),
                 mib(r.kept_bytes), mib(r.backward_peak_bytes));
   }
   std::printf("\nper op, a chain of %d multiplications of 1-element tensors (dispatch-bound), "

@@ -15,7 +15,7 @@ import time
 import torch
 import transformers
 
-import sac
+import torch_sac as sac
 
 aten = torch.ops.aten
 OPS = [aten.mm.default, aten.addmm.default, aten.bmm.default,

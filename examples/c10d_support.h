@@ -59,7 +59,7 @@ inline std::string env_or_throw(const char* name) {
   if (value == nullptr || *value == '\0') {
     throw std::invalid_argument(
         std::string(name) + " is not set: start the ranks with examples/launch_ranks.sh, or "
-        "set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT as torchrun does");
+                            "set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT as torchrun does");
   }
   return value;
 }
@@ -76,8 +76,7 @@ inline Rendezvous rendezvous_from_env(std::chrono::milliseconds timeout) {
   r.master_port = std::stoi(env_or_throw("MASTER_PORT"));
   if (r.world < 1 || r.rank < 0 || r.rank >= r.world) {
     throw std::invalid_argument("RANK must be in [0, WORLD_SIZE); found RANK=" +
-                                std::to_string(r.rank) + ", WORLD_SIZE=" +
-                                std::to_string(r.world));
+                                std::to_string(r.rank) + ", WORLD_SIZE=" + std::to_string(r.world));
   }
   c10d::TCPStoreOptions options;
   options.port = static_cast<uint16_t>(r.master_port);
@@ -120,9 +119,9 @@ class CountingGloo final : public c10d::ProcessGroupGloo {
                                            const c10d::AllgatherOptions& opts) override {
     return counted([&] { return ProcessGroupGloo::allgather(outputs, inputs, opts); });
   }
-  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
-      std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
-      const c10d::AllgatherOptions& opts) override {
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override {
     return counted([&] { return ProcessGroupGloo::allgather_coalesced(outputs, inputs, opts); });
   }
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
@@ -216,8 +215,9 @@ inline c10::OperatorHandle functional_op(const char* name) {
 
 inline at::Tensor all_reduce(const at::Tensor& input, const std::string& reduce_op,
                              const std::string& group) {
-  static const auto op = functional_op("_c10d_functional::all_reduce")
-                             .typed<at::Tensor(const at::Tensor&, std::string, const c10::IValue&)>();
+  static const auto op =
+      functional_op("_c10d_functional::all_reduce")
+          .typed<at::Tensor(const at::Tensor&, std::string, const c10::IValue&)>();
   return op.call(input, reduce_op, c10::IValue(group));
 }
 
@@ -313,9 +313,8 @@ class GradientAllReduce {
       b.flat = torch::zeros({b.numel}, params_.front().options().requires_grad(false));
     }
     for (const Slot& slot : slots_) {
-      params_[slot.param].register_hook([this, slot](const at::Tensor& grad) {
-        arrived(slot, grad);
-      });
+      params_[slot.param].register_hook(
+          [this, slot](const at::Tensor& grad) { arrived(slot, grad); });
     }
   }
 

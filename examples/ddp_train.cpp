@@ -19,6 +19,7 @@
 // Gloo on CPU; see examples/c10d_support.h for NCCL.
 #include <sac/nn/apply_activation_checkpointing.h>
 #include <sac/sac.h>
+#include <sac/policy/presets.h>
 
 #include "examples/c10d_support.h"
 #include "examples/gpt.h"
@@ -37,7 +38,8 @@ ABSL_FLAG(int64_t, steps, 3, "training steps");
 ABSL_FLAG(std::string, policy, "matmuls+attention",
           "checkpointing of each block: matmuls+attention (selective), full, or none");
 ABSL_FLAG(int64_t, bucket_kb, 1024, "gradient all-reduce bucket size, KiB");
-ABSL_FLAG(std::string, dispatch, "default", "sac's dispatch mechanism: per_op, fallback or default");
+ABSL_FLAG(std::string, dispatch, "default",
+          "sac's dispatch mechanism: per_op, fallback or default");
 
 namespace {
 
@@ -62,12 +64,13 @@ void checkpoint_blocks(Gpt& model, const std::string& policy,
   if (policy == "none") return;
   auto options = sac::CheckpointOptions();
   if (policy == "matmuls+attention") {
-    options.policy(sac::any_of({sac_examples::save_matmuls_and_attention(),
-                                sac::never_recompute_collectives()}))
+    options
+        .policy(sac::any_of(
+            {sac_examples::save_matmuls_and_attention(), sac::never_recompute_collectives()}))
         .statistics(stats);
   } else if (policy != "full") {
-    throw std::invalid_argument("--policy must be matmuls+attention, full or none, not '" +
-                                policy + "'");
+    throw std::invalid_argument("--policy must be matmuls+attention, full or none, not '" + policy +
+                                "'");
   }
   sac::apply_activation_checkpointing(model->blocks,
                                       sac::modules_of_type<sac_examples::GptBlockImpl>(), options);
@@ -115,9 +118,9 @@ int run(int argc, char** argv) {
 
   std::printf("rank %d of %d: GPT %lld layers, embed %lld, batch %lld per rank, policy %s, "
               "%lld gradient buckets\n",
-              rz.rank, rz.world, static_cast<long long>(c.layers),
-              static_cast<long long>(c.embed), static_cast<long long>(c.batch),
-              absl::GetFlag(FLAGS_policy).c_str(), static_cast<long long>(reducer.buckets()));
+              rz.rank, rz.world, static_cast<long long>(c.layers), static_cast<long long>(c.embed),
+              static_cast<long long>(c.batch), absl::GetFlag(FLAGS_policy).c_str(),
+              static_cast<long long>(reducer.buckets()));
   for (int64_t step = 0; step < steps; ++step) {
     const auto start = std::chrono::steady_clock::now();
     stats->reset();
@@ -139,7 +142,7 @@ int run(int argc, char** argv) {
     }
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    const sac::RegionCounts counts = stats->read();
+    const sac::RegionStatistics::Counts counts = stats->read();
     std::printf("step %lld: loss %.6f, mean over ranks %.9f | activations kept %.3f MiB, "
                 "peak %.3f MiB | all-reduces %lld | collectives in regions: %zu forward, %zu "
                 "recomputation | %.0f ms\n",
@@ -152,7 +155,8 @@ int run(int argc, char** argv) {
   const auto params = model->parameters();
   const auto rank0 = broadcast_from_rank0(params, group);
   bool identical = true;
-  for (size_t i = 0; i < params.size(); ++i) identical = identical && torch::equal(params[i], rank0[i]);
+  for (size_t i = 0; i < params.size(); ++i)
+    identical = identical && torch::equal(params[i], rank0[i]);
   std::printf("parameters bit-identical to rank 0's: %s\n", identical ? "yes" : "NO");
   return identical ? 0 : 1;
 }

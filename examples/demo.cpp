@@ -41,7 +41,8 @@ std::vector<Mode> modes() {
        sac::Policy::save_ops({"aten::addmm", "aten::_scaled_dot_product_flash_attention_for_cpu"})},
       {"every other matmul (callback)", true,
        sac::Policy::from_fn([every_other](const sac::SelectiveCheckpointContext&,
-                                          const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>) {
+                                          const c10::OperatorHandle& op,
+                                          c10::ArrayRef<c10::IValue>) {
          return op.operator_name().name == "aten::addmm" && (*every_other)++ % 2 == 0;
        })},
   };
@@ -93,7 +94,10 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--seq")) c.seq = v;
     else if (!std::strcmp(argv[i], "--batch")) c.batch = v;
     else if (!std::strcmp(argv[i], "--steps")) c.steps = v;
-    else { std::fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
+    else {
+      std::fprintf(stderr, "unknown option %s\n", argv[i]);
+      return 2;
+    }
   }
   CountingAllocator::install();
   torch::manual_seed(1);
@@ -101,7 +105,8 @@ int main(int argc, char** argv) {
   std::printf("sac demo: %lld GPT blocks, embed %lld, seq %lld, batch %lld; dispatch: %s\n\n",
               (long long)c.blocks, (long long)c.embed, (long long)c.seq, (long long)c.batch,
               std::string(sac::dispatch::to_string(sac::dispatch::mechanism())).c_str());
-  std::printf("%-32s %14s %12s %10s  %s\n", "policy", "kept after fwd", "peak", "ms/step", "gradients");
+  std::printf("%-32s %14s %12s %10s  %s\n", "policy", "kept after fwd", "peak", "ms/step",
+              "gradients");
 
   std::vector<at::Tensor> reference;
   bool all_identical = true;
@@ -133,10 +138,12 @@ int main(int argc, char** argv) {
       model.forward(x, mode).pow(2).mean().backward();
       sgd.step();
     }
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
-                      static_cast<double>(c.steps);
-    std::printf("%-32s %10.2f MiB %8.2f MiB %10.1f  %s\n", mode.name.c_str(), mib(kept), mib(peak), ms,
-                identical ? "bit-identical" : "DIFFERENT");
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+            .count() /
+        static_cast<double>(c.steps);
+    std::printf("%-32s %10.2f MiB %8.2f MiB %10.1f  %s\n", mode.name.c_str(), mib(kept), mib(peak),
+                ms, identical ? "bit-identical" : "DIFFERENT");
   }
   return all_identical ? 0 : 1;
 }

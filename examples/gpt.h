@@ -32,8 +32,8 @@ struct GptImpl : torch::nn::Module {
     }
     register_module("blocks", blocks);
     ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.embed})));
-    head = register_module("head",
-                           torch::nn::Linear(torch::nn::LinearOptions(c.embed, c.vocab).bias(false)));
+    head = register_module(
+        "head", torch::nn::Linear(torch::nn::LinearOptions(c.embed, c.vocab).bias(false)));
   }
 
   // [B, T] token ids -> [B, T, vocab] logits.
@@ -72,7 +72,8 @@ inline Batch synthetic_batch(const Config& c, const torch::Device& device) {
   torch::manual_seed(1);
   const auto ids = torch::randint(c.vocab, {c.batch, c.seq + 1}).to(device);
   using torch::indexing::Slice;
-  return {ids.index({Slice(), Slice(0, -1)}), ids.index({Slice(), Slice(1, torch::indexing::None)})};
+  return {ids.index({Slice(), Slice(0, -1)}),
+          ids.index({Slice(), Slice(1, torch::indexing::None)})};
 }
 
 // GptBlock's linears run as aten::addmm, and its attention as one of these,

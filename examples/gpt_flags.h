@@ -37,8 +37,12 @@ inline void parse_flags(int argc, char** argv) {
 // The sizes from the flags, with `steps` training steps; `also_positive`
 // are the program's own counts, checked with them.
 inline Config config_from_flags(int64_t steps, std::vector<int64_t> also_positive = {}) {
-  Config c{absl::GetFlag(FLAGS_layers), absl::GetFlag(FLAGS_embed), absl::GetFlag(FLAGS_heads),
-           absl::GetFlag(FLAGS_seq),    absl::GetFlag(FLAGS_batch), absl::GetFlag(FLAGS_vocab),
+  Config c{absl::GetFlag(FLAGS_layers),
+           absl::GetFlag(FLAGS_embed),
+           absl::GetFlag(FLAGS_heads),
+           absl::GetFlag(FLAGS_seq),
+           absl::GetFlag(FLAGS_batch),
+           absl::GetFlag(FLAGS_vocab),
            steps};
   also_positive.insert(also_positive.end(),
                        {c.layers, c.embed, c.heads, c.seq, c.batch, c.vocab, c.steps});
@@ -75,7 +79,8 @@ inline void choose_dispatch(const std::string& name) {
   } else if (name == "fallback") {
     sac::dispatch::set_mechanism(sac::dispatch::Mechanism::FallbackKey);
   } else if (name != "default") {
-    throw std::invalid_argument("--dispatch must be per_op, fallback or default, not '" + name + "'");
+    throw std::invalid_argument("--dispatch must be per_op, fallback or default, not '" + name +
+                                "'");
   }
 }
 

@@ -108,7 +108,7 @@ sac::Policy every_other_matmul() {
 std::function<StepGuard(Gpt&)> offload_to(std::shared_ptr<sac::CopyTarget> target) {
   return [target](Gpt& model) {
     return std::make_shared<sac::OffloadGuard>(
-        sac::OffloadOptions().keep(model->parameters()).target(target));
+        sac::OffloadOptions().leave_in_place(model->parameters()).target(target));
   };
 }
 
@@ -159,7 +159,7 @@ struct Run {
   int64_t kept_bytes = 0;  // after the first forward, over what was live before
   int64_t peak_bytes = 0;  // during the first forward + backward, over the same
   double ms_per_step = 0;
-  std::vector<at::Tensor> losses;                                  // every step
+  std::vector<at::Tensor> losses;                                   // every step
   std::vector<std::pair<std::string, at::Tensor>> first_gradients;  // by parameter name
 };
 
@@ -277,14 +277,16 @@ int run_all(int argc, char** argv) {
   for (const auto& [mode, run] : runs) {
     const bool same = identical(run, runs.front().second);
     if (!same) different += " " + mode->name;
-    std::printf("%-18s | %20s | %10s | %8.1f | %s\n", mode->name.c_str(), mib(run.kept_bytes).c_str(),
-                mib(run.peak_bytes).c_str(), run.ms_per_step, same ? "yes" : "NO");
+    std::printf("%-18s | %20s | %10s | %8.1f | %s\n", mode->name.c_str(),
+                mib(run.kept_bytes).c_str(), mib(run.peak_bytes).c_str(), run.ms_per_step,
+                same ? "yes" : "NO");
   }
   if (!different.empty()) {
     std::printf("\nNOT bit-identical to none:%s\n", different.c_str());
     return 1;
   }
-  std::printf("\nall %zu modes: losses and first-step gradients bit-identical to none\n", runs.size());
+  std::printf("\nall %zu modes: losses and first-step gradients bit-identical to none\n",
+              runs.size());
   return 0;
 }
 

@@ -20,7 +20,7 @@ class HostArena final : public sac::CopyTarget {
   // Dense copies of the elements, a broadcast dimension copied once, as
   // host_memory() makes them (sac/base/copy_target.h).
   at::Tensor copy_out(const at::Tensor& t) override {
-    const at::Tensor source = sac::without_broadcast(t);
+    const at::Tensor source = sac::CopyTarget::without_broadcast(t);
     const auto bytes = static_cast<int64_t>(source.numel() * t.itemsize());
     void* memory = std::malloc(static_cast<size_t>(bytes) + 1);
     *held_ += bytes;
@@ -36,9 +36,9 @@ class HostArena final : public sac::CopyTarget {
     copy.copy_(source);
     return copy.expand(t.sizes());
   }
-  at::Tensor copy_back(const at::Tensor& copy, const sac::CopiedFrom& from) override {
+  at::Tensor copy_back(const at::Tensor& copy, const sac::CopyTarget::Origin& from) override {
     ++returns_;
-    const at::Tensor source = sac::without_broadcast(copy);
+    const at::Tensor source = sac::CopyTarget::without_broadcast(copy);
     at::Tensor back =
         at::empty_strided(source.sizes(), from.strides, copy.options().device(from.device));
     back.copy_(source);

@@ -20,7 +20,8 @@
 //   cmake --build build --target policy_lab
 //   build/examples/policy_lab [--layers 4] [--embed 128] [--heads 4] [--seq 128]
 //       [--batch 8] [--vocab 512] [--threads 1] [--runs 5] [--profile_runs 5]
-//       [--policies nothing,everything,compute_intensive,dots,ops:aten::addmm+aten::gelu,budget:0.25]
+//       [--policies
+//       nothing,everything,compute_intensive,dots,ops:aten::addmm+aten::gelu,budget:0.25]
 //       [--sweep 0,0.1,...,1] [--peak_points 6] [--table 20] [--out policy_lab_out]
 //       [--plot=true]
 //
@@ -30,6 +31,8 @@
 // (budget:0.3 of what saving everything keeps, or budget:4MiB, budget:4096).
 // Exit status 0 only if every point's gradients are bit-identical.
 #include <sac/sac.h>
+#include <sac/policy/presets.h>
+#include <sac/lab.h>
 
 #include "examples/gpt.h"
 #include "examples/gpt_flags.h"
@@ -60,8 +63,8 @@ ABSL_FLAG(std::vector<std::string>, policies,
                                     "ops:aten::addmm+aten::gelu", "budget:0.25"}),
           "comma-separated policies: presets, ops:a+b, budget:fraction|bytes|NMiB");
 ABSL_FLAG(std::vector<std::string>, sweep,
-          std::vector<std::string>({"0", "0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7",
-                                    "0.8", "0.9", "1"}),
+          std::vector<std::string>({"0", "0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7", "0.8",
+                                    "0.9", "1"}),
           "budgets of the frontier, as fractions of what saving everything keeps");
 ABSL_FLAG(int64_t, peak_points, 6,
           "peak budgets from full recomputation's peak to saving everything's: a plan for "
@@ -87,7 +90,9 @@ double ms_since(Clock::time_point start) {
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  return v.empty()      ? 0
+         : v.size() % 2 ? v[v.size() / 2]
+                        : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
 double mib(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
@@ -126,8 +131,8 @@ struct Point {
   double predicted_recompute_ms = 0;
   double solver_ms = -1;  // budgets only
   // Measured.
-  int64_t measured_bytes = 0;       // allocator, over full recomputation
-  int64_t statistics_bytes = 0;     // RegionStatistics::bytes_kept
+  int64_t measured_bytes = 0;        // allocator, over full recomputation
+  int64_t statistics_bytes = 0;      // RegionStatistics::bytes_saved
   double measured_recompute_ms = 0;  // RegionStatistics::recompute_seconds
   double step_ms = 0;
   bool identical = false;
@@ -143,7 +148,8 @@ Point budget_point(const std::string& label, const std::string& kind,
   const sac::BudgetedPlan plan = sac::budgeted_plan(profiles, budget);
   if (!plan.exact) {
     std::printf("note: %s: the solver stopped at its node limit; the plan is within %.3f ms of "
-                "the best\n", label.c_str(), plan.gap_seconds * 1e3);
+                "the best\n",
+                label.c_str(), plan.gap_seconds * 1e3);
   }
   Point p{label, kind, plan.policies};
   p.predicted_bytes = plan.kept_bytes;
@@ -189,7 +195,8 @@ sac::Policy preset(const std::string& name) {
   if (name == "torchtitan") return sac::torchtitan_default();
   if (name == "matmuls+attention") return sac_examples::save_matmuls_and_attention();
   throw std::invalid_argument(
-      "unknown policy '" + name + "'; expected a preset (nothing, everything, "
+      "unknown policy '" + name +
+      "'; expected a preset (nothing, everything, "
       "compute_intensive, dots, dots_no_batch, torchtitan, matmuls+attention), "
       "ops:aten::a+aten::b, or budget:0.3 / budget:4MiB / budget:4096");
 }
@@ -207,7 +214,8 @@ sac::Budget parse_budget(const std::string& text) {
     }
     return sac::Budget::bytes(std::stoll(text, &used));
   } catch (const std::logic_error&) {
-    throw std::invalid_argument("budget:" + text + " is not a fraction (0.3), bytes (4096) "
+    throw std::invalid_argument("budget:" + text +
+                                " is not a fraction (0.3), bytes (4096) "
                                 "or MiB (4MiB)");
   }
 }
@@ -271,7 +279,8 @@ Step step(Gpt& model, const Batch& batch, const std::vector<sac::Policy>* polici
       // The recomputation calls the function during backward, after this
       // loop: it holds its block by value.
       const auto options = sac::CheckpointOptions().policy((*policies)[i]).statistics(statistics);
-      h = sac::checkpoint(options, [block](const at::Tensor& in) { return block->forward(in); }, h);
+      h = sac::checkpoint(
+          options, [block](const at::Tensor& in) { return block->forward(in); }, h);
     }
   }
   at::Tensor loss = sac_examples::GptImpl::loss_of(model->logits(h), batch.targets);
@@ -306,7 +315,7 @@ void measure(std::vector<Point>& points, Gpt& model, const Batch& batch, int64_t
     p.measured_bytes = first.kept - baseline;
     p.measured_peak = first.peak;
     p.predicted_peak = phases.predict_peak(p.kept_calls);
-    p.statistics_bytes = statistics->read().bytes_kept;
+    p.statistics_bytes = statistics->read().bytes_saved;
     p.identical = identical(first, reference);
   }
   std::vector<std::vector<double>> recompute(points.size()), steps(points.size());
@@ -333,8 +342,7 @@ void measure(std::vector<Point>& points, Gpt& model, const Batch& batch, int64_t
 void print_peaks(const std::vector<Point>& points, int64_t full_recomputation) {
   std::printf("\nthe step's peak (forward + backward), predicted from one step under full "
               "recomputation (%.3f MiB) and measured:\n%-32s %14s %14s %10s\n",
-              mib(full_recomputation), "plan or policy", "predicted MiB", "measured MiB",
-              "diff B");
+              mib(full_recomputation), "plan or policy", "predicted MiB", "measured MiB", "diff B");
   for (const Point& p : points) {
     std::printf("%-32s %14.3f %14.3f %10lld\n", p.label.c_str(), mib(p.predicted_peak),
                 mib(p.measured_peak), (long long)(p.predicted_peak - p.measured_peak));
@@ -352,14 +360,14 @@ void plan_for_peaks(const sac::StepPhases& phases, const std::vector<sac::Region
   const int64_t high =
       phases.predict_peak(sac::budgeted_plan(profiles, sac::Budget::fraction(1.0)));
   std::printf("\nplans for a peak budget (sac::StepPhases::plan_for_peak):\n%14s %14s %14s "
-              "%16s %14s %10s\n", "budget MiB", "predicted MiB", "measured MiB",
-              "recompute ms", "gap ms", "solve ms");
+              "%16s %14s %10s\n",
+              "budget MiB", "predicted MiB", "measured MiB", "recompute ms", "gap ms", "solve ms");
   for (int64_t i = 0; i < count; ++i) {
     const int64_t budget = low + (high - low) * i / (count - 1);
     const sac::PeakPlan plan = phases.plan_for_peak(profiles, budget);
     const Step s = step(model, batch, &plan.plan.policies, nullptr, /*keep_gradients=*/false);
-    std::printf("%14.3f %14.3f %14.3f %16.3f %14s %10.1f\n", mib(budget),
-                mib(plan.predicted_peak), mib(s.peak), plan.plan.recompute_seconds * 1e3,
+    std::printf("%14.3f %14.3f %14.3f %16.3f %14s %10.1f\n", mib(budget), mib(plan.predicted_peak),
+                mib(s.peak), plan.plan.recompute_seconds * 1e3,
                 plan.exact ? "exact" : std::to_string(plan.gap_seconds * 1e3).c_str(),
                 plan.solver_seconds * 1e3);
     out << budget << "," << plan.predicted_peak << "," << s.peak << ","
@@ -388,15 +396,21 @@ void plot(const std::string& csv, const std::string& png, const std::string& tit
   std::ostringstream gp;
   gp << "set datafile separator ','\n"
         "set terminal pngcairo size 1100,700 font ',11' noenhanced\n"
-        "set output '" << png << "'\n"
-        "set title \"" << title << "\"\n"
+        "set output '"
+     << png
+     << "'\n"
+        "set title \""
+     << title
+     << "\"\n"
         "set xlabel 'activation bytes the blocks keep after forward (MiB)'\n"
         "set ylabel 'recomputation time per step (ms)'\n"
         "set key top right\n"
         "set grid\n"
         "mib(b) = b / 1048576.0\n"
         "is(k) = strcol(2) eq k\n"
-        "plot '" << csv << "' using (is('sweep') ? mib($3) : 1/0):6 with linespoints lw 2 pt 6 "
+        "plot '"
+     << csv
+     << "' using (is('sweep') ? mib($3) : 1/0):6 with linespoints lw 2 pt 6 "
         "title 'budgeted, predicted', \\\n"
         "  '' using (is('sweep') ? mib($4) : 1/0):7 with points pt 7 ps 1.3 "
         "title 'budgeted, measured', \\\n"
@@ -420,8 +434,12 @@ void plot_peaks(const std::string& peaks_csv, const std::string& frontier_csv,
   std::ostringstream gp;
   gp << "set datafile separator ','\n"
         "set terminal pngcairo size 1600,700 font ',11' noenhanced\n"
-        "set output '" << png << "'\n"
-        "set multiplot layout 1,2 title \"" << title << "\"\n"
+        "set output '"
+     << png
+     << "'\n"
+        "set multiplot layout 1,2 title \""
+     << title
+     << "\"\n"
         "mib(b) = b / 1048576.0\n"
         "is(k) = strcol(2) eq k\n"
         "set grid\n"
@@ -429,7 +447,9 @@ void plot_peaks(const std::string& peaks_csv, const std::string& frontier_csv,
         "set title 'plans for a peak budget'\n"
         "set xlabel 'peak budget of the step (MiB)'\n"
         "set ylabel 'peak of the step, forward + backward (MiB)'\n"
-        "plot '" << peaks_csv << "' using (mib($1)):(mib($1)) with lines dt 2 lc rgb 'gray' "
+        "plot '"
+     << peaks_csv
+     << "' using (mib($1)):(mib($1)) with lines dt 2 lc rgb 'gray' "
         "title 'the budget', \\\n"
         "  '' using (mib($1)):(mib($2)) with linespoints lw 2 pt 6 ps 1.6 "
         "title 'peak, predicted', \\\n"
@@ -439,10 +459,14 @@ void plot_peaks(const std::string& peaks_csv, const std::string& frontier_csv,
         "set title 'every plan and policy: recomputation against the step''s peak'\n"
         "set xlabel 'peak of the step, forward + backward (MiB)'\n"
         "set ylabel 'recomputation time per step, predicted (ms)'\n"
-        "plot '" << peaks_csv << "' using (mib($2)):4 with linespoints lw 2 pt 6 ps 1.4 "
+        "plot '"
+     << peaks_csv
+     << "' using (mib($2)):4 with linespoints lw 2 pt 6 ps 1.4 "
         "title 'for a peak budget, predicted', \\\n"
         "  '' using (mib($3)):4 with points pt 7 ps 0.8 title 'for a peak budget, measured', \\\n"
-        "  '" << frontier_csv << "' using (is('sweep') ? mib($11) : 1/0):6 with linespoints "
+        "  '"
+     << frontier_csv
+     << "' using (is('sweep') ? mib($11) : 1/0):6 with linespoints "
         "lw 2 pt 8 ps 1.4 title 'for a byte budget, predicted', \\\n"
         "  '' using (is('sweep') ? mib($12) : 1/0):6 with points pt 9 ps 0.9 "
         "title 'for a byte budget, measured', \\\n"
@@ -476,21 +500,20 @@ void print_points(const std::vector<Point>& points) {
     char solver[16] = "-";
     if (p.solver_ms >= 0) std::snprintf(solver, sizeof solver, "%.3f", p.solver_ms);
     std::printf("%-32s %12.3f %12.3f %12.2f %12.2f %9.1f %9s  %s\n",
-                (p.kind == "sweep" ? "budget " + p.label : p.label).c_str(),
-                mib(p.predicted_bytes), mib(p.measured_bytes), p.predicted_recompute_ms,
-                p.measured_recompute_ms, p.step_ms, solver, p.identical ? "yes" : "NO");
+                (p.kind == "sweep" ? "budget " + p.label : p.label).c_str(), mib(p.predicted_bytes),
+                mib(p.measured_bytes), p.predicted_recompute_ms, p.measured_recompute_ms, p.step_ms,
+                solver, p.identical ? "yes" : "NO");
   }
 }
 
 // ---- Command line ------------------------------------------------------------
 
-
 int run_lab(int argc, char** argv) {
   absl::SetProgramUsageMessage("places checkpointing policies for a GPT on the memory/time plane");
   sac_examples::parse_flags(argc, argv);
   const Config c = sac_examples::config_from_flags(
-      /*steps=*/1, {absl::GetFlag(FLAGS_threads), absl::GetFlag(FLAGS_runs),
-                    absl::GetFlag(FLAGS_profile_runs)});
+      /*steps=*/1,
+      {absl::GetFlag(FLAGS_threads), absl::GetFlag(FLAGS_runs), absl::GetFlag(FLAGS_profile_runs)});
   at::set_num_threads(static_cast<int>(absl::GetFlag(FLAGS_threads)));
   CountingAllocator::install();
   const std::filesystem::path out = absl::GetFlag(FLAGS_out);
@@ -518,8 +541,7 @@ int run_lab(int argc, char** argv) {
   std::printf("profiled %zu blocks in %.0f ms (%lld runs each); block 0 keeps %.3f MiB if every "
               "call is saved, its calls take %.2f ms\n\nblock 0, by bytes:\n",
               profiles.size(), ms_since(profiling), (long long)absl::GetFlag(FLAGS_profile_runs),
-              mib(profiles[0].keepable_bytes()),
-              profiles[0].keepable_seconds() * 1e3);
+              mib(profiles[0].keepable_bytes()), profiles[0].keepable_seconds() * 1e3);
   profiles[0].print(std::cout, sac::RegionProfile::SortBy::Bytes,
                     static_cast<size_t>(absl::GetFlag(FLAGS_table)));
   {
@@ -529,8 +551,8 @@ int run_lab(int argc, char** argv) {
 
   std::vector<Point> points;
   for (const std::string& fraction : absl::GetFlag(FLAGS_sweep)) {
-    points.push_back(budget_point(fraction, "sweep", profiles,
-                                  sac::Budget::fraction(std::stod(fraction))));
+    points.push_back(
+        budget_point(fraction, "sweep", profiles, sac::Budget::fraction(std::stod(fraction))));
   }
   for (const std::string& spec : absl::GetFlag(FLAGS_policies)) {
     points.push_back(named_point(spec, blocks, profiles));
@@ -559,13 +581,15 @@ int run_lab(int argc, char** argv) {
   const sac::MemoryProbe probe{[] { return CountingAllocator::live_bytes(); },
                                [] { return CountingAllocator::peak_bytes(); },
                                [] { CountingAllocator::reset_peak(); }};
-  const sac::StepPhases phases = sac::measure_step_phases(
-      probe, [&] { step(model, batch, &nothing, nullptr, /*keep_gradients=*/false); });
+  const sac::StepPhases phases = sac::measure_step_phases(probe, [&] {
+    step(model, batch, &nothing, nullptr, /*keep_gradients=*/false);
+  });
   std::printf("\nmeasuring %zu points, %lld rounds: ", points.size(),
               (long long)absl::GetFlag(FLAGS_runs));
   measure(points, model, batch, absl::GetFlag(FLAGS_runs), baseline, phases, reference);
   std::printf("\nno checkpointing: %.1f ms per step, keeps %.3f MiB more than full "
-              "recomputation\n", plain.ms, mib(plain.kept - baseline));
+              "recomputation\n",
+              plain.ms, mib(plain.kept - baseline));
   print_points(points);
   print_peaks(points, phases.peak());
   const std::string peaks_csv = (out / "peaks.csv").string();

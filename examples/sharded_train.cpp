@@ -36,6 +36,7 @@
 //                                 only (--dispatch fallback, or
 //                                 SAC_DISPATCH=fallback).
 #include <sac/sac.h>
+#include <sac/policy/presets.h>
 
 #include "examples/c10d_support.h"
 #include "examples/gpt_flags.h"
@@ -53,7 +54,8 @@
 ABSL_FLAG(int64_t, blocks, 4, "blocks");
 ABSL_FLAG(int64_t, width, 256, "block width (the world size must divide 8 * width^2)");
 ABSL_FLAG(int64_t, rows, 512, "rows of input per rank");
-ABSL_FLAG(std::string, dispatch, "default", "sac's dispatch mechanism: per_op, fallback or default");
+ABSL_FLAG(std::string, dispatch, "default",
+          "sac's dispatch mechanism: per_op, fallback or default");
 
 namespace {
 
@@ -67,7 +69,8 @@ struct Sizes {
 // One block, given its whole flat parameter.
 at::Tensor block(const at::Tensor& x, const at::Tensor& flat, int64_t width) {
   const at::Tensor w1 = flat.narrow(0, 0, width * 4 * width).view({width, 4 * width});
-  const at::Tensor w2 = flat.narrow(0, width * 4 * width, 4 * width * width).view({4 * width, width});
+  const at::Tensor w2 =
+      flat.narrow(0, width * 4 * width, 4 * width * width).view({4 * width, width});
   const at::Tensor h = torch::layer_norm(x, {width});
   return x + torch::mm(torch::gelu(torch::mm(h, w1)), w2);
 }
@@ -76,7 +79,7 @@ struct Mode {
   std::string name;
   bool sharded;
   std::optional<sac::Policy> policy;  // none: no checkpointing
-  bool region = false;  // a sac::CheckpointRegion per block (with `policy` if any)
+  bool region = false;                // a sac::CheckpointRegion per block (with `policy` if any)
 };
 
 struct Result {
@@ -167,20 +170,22 @@ int run(int argc, char** argv) {
   std::printf("rank %d of %d: %lld blocks of width %lld, %lld rows per rank\n", rz.rank, rz.world,
               static_cast<long long>(s.blocks), static_cast<long long>(s.width),
               static_cast<long long>(s.rows));
-  std::printf("%-22s %12s %12s %12s %10s %10s  %s\n", "mode", "params MiB", "kept MiB",
-              "peak MiB", "coll. fwd", "coll. rec.", "grads = replicated");
+  std::printf("%-22s %12s %12s %12s %10s %10s  %s\n", "mode", "params MiB", "kept MiB", "peak MiB",
+              "coll. fwd", "coll. rec.", "grads = replicated");
   std::vector<at::Tensor> reference;
   bool all_equal = true;
   for (const Mode& mode : modes) {
     const Result r = train_step(mode, s, fwd, bwd, memory);
     if (reference.empty()) reference = r.grads;
     bool equal = true;
-    for (size_t i = 0; i < reference.size(); ++i) equal = equal && torch::equal(reference[i], r.grads[i]);
+    for (size_t i = 0; i < reference.size(); ++i)
+      equal = equal && torch::equal(reference[i], r.grads[i]);
     all_equal = all_equal && equal;
     std::printf("%-22s %12.3f %12.3f %12.3f %10lld %10lld  %s\n", mode.name.c_str(),
                 r.param_bytes / 1048576.0, r.kept / 1048576.0, r.peak / 1048576.0,
                 static_cast<long long>(r.forward_collectives),
-                static_cast<long long>(r.recompute_collectives), equal ? "bit-identical" : "DIFFER");
+                static_cast<long long>(r.recompute_collectives),
+                equal ? "bit-identical" : "DIFFER");
     std::fflush(stdout);
   }
   return all_equal ? 0 : 1;

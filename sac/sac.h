@@ -5,14 +5,14 @@
 //                            [&](const at::Tensor& x) { return mlp->forward(x); },
 //                            x);
 //
+// The front door: the checkpointing API, 35 names
+// (python3 tools/public_names.py sac/sac.h; CI keeps it at 40 or fewer).
 // What it declares, by header:
 //   sac/checkpoint/checkpoint.h    sac::checkpoint and its options (options.h)
 //   sac/checkpoint/region.h        the same for any code, by an RAII guard
 //   sac/checkpoint/scope.h         the options of a block of code
-//   sac/checkpoint/guards.h        debug and early-stop guards
-//   sac/checkpoint/graph_exec_group.h  backward calls that recompute once
+//   sac/checkpoint/graph_exec_group.h  backward passes that recompute once
 //   sac/policy/policy.h            which op calls to save, recompute, offload
-//   sac/policy/presets.h           ready-made policies (JAX, torchtitan, ...)
 //   sac/policy/combinators.h       any_of, all_of, except, every_nth, ...
 //   sac/policy/tag.h, names.h      named values: sac::tag and name policies
 //   sac/cache/selective_modes.h    PyTorch's create_selective_checkpoint_contexts
@@ -22,14 +22,16 @@
 //   sac/base/context.h             the contexts a context_fn returns
 //   sac/base/error.h               sac::CheckpointError
 //   sac/dispatch/mechanism.h       how sac sits below autograd (SAC_DISPATCH)
-//   sac/lab/...                    policy experiments: profile.h, explain.h,
-//                                  budget.h (budgeted policies), peak.h (a step's peak),
-//                                  shape_plans.h (a plan per input shape)
+// The other doors, each included on its own:
+//   sac/policy/presets.h           ready-made policies (JAX's, torchtitan's, ...)
+//   sac/lab.h                      the policy lab: profiles, explanations,
+//                                  budgets, a training step's peak
+//   sac/checkpoint/guards.h        process-wide switches: debug, early stop,
+//                                  the determinism check
 //   sac/nn/...                     torch::nn models: checkpoint_wrapper.h,
 //                                  apply_activation_checkpointing.h,
 //                                  checkpoint_sequential.h, offload_wrapper.h
-//                                  (not included here: they bring in
-//                                  torch::nn's headers)
+//                                  (they bring in torch::nn's headers)
 // The floors' internal/ headers (interceptors, the op cache, the recorder)
 // are not part of the API and are not installed.
 #pragma once
@@ -41,20 +43,13 @@
 #include <sac/cache/statistics.h>
 #include <sac/checkpoint/checkpoint.h>
 #include <sac/checkpoint/graph_exec_group.h>
-#include <sac/checkpoint/guards.h>
 #include <sac/checkpoint/options.h>
 #include <sac/checkpoint/region.h>
 #include <sac/checkpoint/scope.h>
 #include <sac/dispatch/mechanism.h>
-#include <sac/lab/budget.h>
-#include <sac/lab/explain.h>
-#include <sac/lab/peak.h>
-#include <sac/lab/shape_plans.h>
-#include <sac/lab/profile.h>
 #include <sac/offload/offload.h>
 #include <sac/policy/checkpoint_policy.h>
 #include <sac/policy/combinators.h>
 #include <sac/policy/names.h>
 #include <sac/policy/policy.h>
-#include <sac/policy/presets.h>
 #include <sac/policy/tag.h>

@@ -6,6 +6,8 @@
 
 #include "examples/host_arena.h"
 
+#include <sac/policy/internal/answers.h>
+
 #include <functional>
 #include <memory>
 #include <vector>
@@ -43,7 +45,8 @@ struct Outcome {
 Outcome run(const Chain& c, const sac::CheckpointOptions& options) {
   Outcome out;
   const int64_t base = CountingAllocator::live_bytes();
-  at::Tensor y = sac::checkpoint(options, [&](const at::Tensor& in) { return c.forward(in); }, c.x);
+  at::Tensor y = sac::checkpoint(
+      options, [&](const at::Tensor& in) { return c.forward(in); }, c.x);
   out.kept = CountingAllocator::live_bytes() - base - static_cast<int64_t>(y.nbytes());
   out.grads = torch::autograd::grad({y.sum()}, {c.x, c.w1, c.w2});
   out.grads.insert(out.grads.begin(), y.detach());
@@ -80,8 +83,7 @@ TEST_F(Answers, EachOfTheSixAnswersKeepsWhatItSays) {
         sac::CheckpointPolicy::MustCpuOffload, sac::CheckpointPolicy::PreferCpuOffload}) {
     SCOPED_TRACE(std::string(sac::to_string(answer)));
     auto arena = std::make_shared<HostArena>();
-    const Outcome out =
-        run(c, sac::CheckpointOptions().policy(matmuls(answer)).offload_to(arena));
+    const Outcome out = run(c, sac::CheckpointOptions().policy(matmuls(answer)).offload_to(arena));
     EXPECT_EQ(out.kept, none.kept + (sac::is_save(answer) ? kMatmulBytes : 0));
     EXPECT_EQ(arena->copies(), sac::is_offload(answer) ? 2 : 0);
     EXPECT_EQ(arena->returns(), sac::is_offload(answer) ? 2 : 0);
@@ -108,14 +110,15 @@ TEST_F(Answers, OffloadCopiesOutInForwardAndPrefetchesAtTheStartOfTheRecomputati
   const auto actual = run_and_grad(
       [&] {
         const int64_t base = CountingAllocator::live_bytes();
-        auto y = sac::checkpoint(options,
-                                 [&](const at::Tensor& in) {
-                                   returned_at_start.push_back(arena->returns());
-                                   auto h = in.mm(c.w1);
-                                   held_after_first_mm.push_back(arena->held());
-                                   return h.relu().mm(c.w2).tanh();
-                                 },
-                                 c.x);
+        auto y = sac::checkpoint(
+            options,
+            [&](const at::Tensor& in) {
+              returned_at_start.push_back(arena->returns());
+              auto h = in.mm(c.w1);
+              held_after_first_mm.push_back(arena->held());
+              return h.relu().mm(c.w2).tanh();
+            },
+            c.x);
         kept = CountingAllocator::live_bytes() - base - static_cast<int64_t>(y.nbytes());
         EXPECT_EQ(arena->held(), kMatmulBytes);
         return y;
@@ -134,7 +137,8 @@ TEST_F(Answers, OffloadCopiesOutInForwardAndPrefetchesAtTheStartOfTheRecomputati
 // offload is saved where it is (it is in host memory already).
 TEST_F(Answers, OffloadOfACpuTensorToHostMemorySavesItInPlace) {
   const Chain c;
-  const Outcome saved = run(c, sac::CheckpointOptions().policy(matmuls(sac::CheckpointPolicy::MustSave)));
+  const Outcome saved =
+      run(c, sac::CheckpointOptions().policy(matmuls(sac::CheckpointPolicy::MustSave)));
   const Outcome offloaded =
       run(c, sac::CheckpointOptions().policy(matmuls(sac::CheckpointPolicy::MustCpuOffload)));
   EXPECT_EQ(offloaded.kept, saved.kept);
@@ -146,14 +150,15 @@ TEST_F(Answers, OffloadOfACpuTensorToHostMemorySavesItInPlace) {
 TEST_F(Answers, OffloadedOutputModifiedAfterTheForwardIsAnError) {
   const Chain c;
   auto arena = std::make_shared<HostArena>();
-  auto out = sac::checkpoint(sac::CheckpointOptions()
-                                 .policy(matmuls(sac::CheckpointPolicy::MustCpuOffload))
-                                 .offload_to(arena),
-                             [&](const at::Tensor& in) {
-                               auto h = in.mm(c.w1);
-                               return std::vector<at::Tensor>{h, h.relu().mm(c.w2)};
-                             },
-                             c.x);
+  auto out = sac::checkpoint(
+      sac::CheckpointOptions()
+          .policy(matmuls(sac::CheckpointPolicy::MustCpuOffload))
+          .offload_to(arena),
+      [&](const at::Tensor& in) {
+        auto h = in.mm(c.w1);
+        return std::vector<at::Tensor>{h, h.relu().mm(c.w2)};
+      },
+      c.x);
   {
     torch::NoGradGuard no_grad;
     out[0].add_(1);  // the first matmul's output, which the relu reads again
@@ -234,8 +239,10 @@ struct TwoHeads {
 
 TEST_F(Answers, GraphExecGroupRecomputesOnceForSeveralBackwardCalls) {
   TwoHeads plain_heads;
-  const auto ref1 = torch::autograd::grad({(plain_heads.x.sin() * plain_heads.w1).sum()}, {plain_heads.w1});
-  const auto ref2 = torch::autograd::grad({(plain_heads.x.exp() * plain_heads.w2).sum()}, {plain_heads.w2});
+  const auto ref1 =
+      torch::autograd::grad({(plain_heads.x.sin() * plain_heads.w1).sum()}, {plain_heads.w1});
+  const auto ref2 =
+      torch::autograd::grad({(plain_heads.x.exp() * plain_heads.w2).sum()}, {plain_heads.w2});
 
   TwoHeads without;
   auto out = without.forward();
@@ -284,16 +291,17 @@ TEST_F(Answers, GraphExecGroupEndsWithItsScope) {
 
 // Runs `f(x, checkpointed)` plain and inside a region with `outer`, expects
 // bit-identical gradients, and returns the bytes the region's forward kept.
-int64_t kept_by_nested(const sac::CheckpointOptions& outer,
-                       const std::function<at::Tensor(const at::Tensor&, bool)>& f,
-                       const at::Tensor& x, const std::vector<at::Tensor>& params,
-                       const std::function<void()>& after_forward = [] {}) {
+int64_t kept_by_nested(
+    const sac::CheckpointOptions& outer,
+    const std::function<at::Tensor(const at::Tensor&, bool)>& f, const at::Tensor& x,
+    const std::vector<at::Tensor>& params, const std::function<void()>& after_forward = [] {}) {
   const auto expected = run_and_grad([&] { return f(x, false); }, {x}, params);
   int64_t kept = 0;
   const auto actual = run_and_grad(
       [&] {
         const int64_t base = CountingAllocator::live_bytes();
-        auto y = sac::checkpoint(outer, [&](const at::Tensor& in) { return f(in, true); }, x);
+        auto y = sac::checkpoint(
+            outer, [&](const at::Tensor& in) { return f(in, true); }, x);
         kept = CountingAllocator::live_bytes() - base - static_cast<int64_t>(y.nbytes());
         after_forward();
         return y;

@@ -64,10 +64,12 @@ TEST_F(Checkpoint, NonTensorArgumentsAndTensorContainers) {
   std::vector<at::Tensor> weights{w, w2};
   const std::optional<at::Tensor> bias = b;
   const std::optional<at::Tensor> none;
-  const auto expected = run_and_grad([&] { return f(x, 0.5, 2, "tanh", weights, bias, none); },
-                                     {x}, {w, w2, b});
+  const auto expected =
+      run_and_grad([&] { return f(x, 0.5, 2, "tanh", weights, bias, none); }, {x}, {w, w2, b});
   const auto actual = run_and_grad(
-      [&] { return sac::checkpoint(f, x, 0.5, int64_t{2}, std::string("tanh"), weights, bias, none); },
+      [&] {
+        return sac::checkpoint(f, x, 0.5, int64_t{2}, std::string("tanh"), weights, bias, none);
+      },
       {x}, {w, w2, b});
   expect_bit_identical(expected, actual);
 }
@@ -91,10 +93,18 @@ TEST_F(Checkpoint, VectorOutputs) {
     auto h = in.mm(w);
     return std::vector<at::Tensor>{torch::sin(h), torch::cos(h)};
   };
-  const auto expected = run_and_grad([&] { auto o = f(x); return o[0] * o[1]; }, {x}, {w});
+  const auto expected = run_and_grad(
+      [&] {
+        auto o = f(x);
+        return o[0] * o[1];
+      },
+      {x}, {w});
   const auto actual = run_and_grad(
-      [&] { auto o = sac::checkpoint(sac::CheckpointOptions().policy(sac::Policy::save_ops({"aten::mm"})), f, x);
-            return o[0] * o[1]; },
+      [&] {
+        auto o = sac::checkpoint(
+            sac::CheckpointOptions().policy(sac::Policy::save_ops({"aten::mm"})), f, x);
+        return o[0] * o[1];
+      },
       {x}, {w});
   expect_bit_identical(expected, actual);
 }
@@ -104,14 +114,18 @@ TEST_F(Checkpoint, NestedCheckpointsWithPolicies) {
   auto inner = [&](const at::Tensor& in) { return torch::tanh(in.mm(w)).mm(w); };
   auto outer = [&](const at::Tensor& in) {
     auto h = torch::sigmoid(in.mm(w));
-    h = sac::checkpoint(sac::CheckpointOptions().policy(sac::Policy::save_ops({"aten::tanh"})), inner, h);
+    h = sac::checkpoint(sac::CheckpointOptions().policy(sac::Policy::save_ops({"aten::tanh"})),
+                        inner, h);
     return torch::relu(h.mm(w));
   };
   const auto expected = run_and_grad([&] { return outer(x); }, {x}, {w});
   const auto full = run_and_grad([&] { return sac::checkpoint(outer, x); }, {x}, {w});
   expect_bit_identical(expected, full);
   const auto selective = run_and_grad(
-      [&] { return sac::checkpoint(sac::CheckpointOptions().policy(sac::Policy::save_ops({"aten::mm"})), outer, x); },
+      [&] {
+        return sac::checkpoint(sac::CheckpointOptions().policy(sac::Policy::save_ops({"aten::mm"})),
+                               outer, x);
+      },
       {x}, {w});
   expect_bit_identical(expected, selective);
 }
@@ -134,8 +148,9 @@ TEST_F(Checkpoint, RetainGraphRecomputesOncePerBackward) {
 }
 
 TEST_F(Checkpoint, SelectiveRegionBackwardTwiceIsAnError) {
-  auto y = sac::checkpoint(sac::CheckpointOptions().policy(sac::Policy::save_ops({"aten::mm"})),
-                           [&](const at::Tensor& in) { return torch::tanh(in.mm(w)).mm(w); }, x)
+  auto y = sac::checkpoint(
+               sac::CheckpointOptions().policy(sac::Policy::save_ops({"aten::mm"})),
+               [&](const at::Tensor& in) { return torch::tanh(in.mm(w)).mm(w); }, x)
                .sum();
   torch::autograd::grad({y}, {w}, {}, /*retain_graph=*/true);
   const auto message = error_of([&] { torch::autograd::grad({y}, {w}); });
@@ -189,7 +204,8 @@ TEST_F(Checkpoint, RngStatePreservedForDropout) {
   expect_bit_identical(expected, run_and_grad([&] { return sac::checkpoint(f, x); }, {x}, {w}));
   // Without preserved RNG state the recomputed mask differs.
   const auto unpreserved = run_and_grad(
-      [&] { return sac::checkpoint(sac::CheckpointOptions().preserve_rng_state(false), f, x); }, {x}, {w});
+      [&] { return sac::checkpoint(sac::CheckpointOptions().preserve_rng_state(false), f, x); },
+      {x}, {w});
   EXPECT_FALSE(torch::equal(expected[2], unpreserved[2]));
 }
 
@@ -267,13 +283,14 @@ TEST_F(Checkpoint, ForwardStateRestoresEveryGeneratorItHolds) {
 TEST_F(Checkpoint, ExceptionInTheFunctionLeavesNoState) {
   auto plain_grad = [&] { return torch::autograd::grad({torch::tanh(x.mm(w)).sum()}, {w})[0]; };
   const auto before = plain_grad();
-  EXPECT_THROW(sac::checkpoint(sac::CheckpointOptions().policy(sac::Policy::save_ops({"aten::mm"})),
-                               [&](const at::Tensor& in) -> at::Tensor {
-                                 auto h = in.mm(w);
-                                 TORCH_CHECK(false, "boom");
-                                 return h;
-                               },
-                               x),
+  EXPECT_THROW(sac::checkpoint(
+                   sac::CheckpointOptions().policy(sac::Policy::save_ops({"aten::mm"})),
+                   [&](const at::Tensor& in) -> at::Tensor {
+                     auto h = in.mm(w);
+                     TORCH_CHECK(false, "boom");
+                     return h;
+                   },
+                   x),
                c10::Error);
   EXPECT_EQ(sac::dispatch::active_interceptor(), nullptr);
   // Saved-tensor hooks are gone: plain autograd saves and unpacks as usual.
@@ -316,8 +333,9 @@ TEST(CheckpointThreads, ConcurrentSelectiveCheckpointsAreIndependent) {
         auto wrt = params;
         wrt.push_back(inputs[t]);
         for (int i = 0; i < kIterations; ++i) {
-          auto y = sac::checkpoint(sac::CheckpointOptions().policy(policy),
-                                   [&](const at::Tensor& in) { return mlp->forward(in); }, inputs[t]);
+          auto y = sac::checkpoint(
+              sac::CheckpointOptions().policy(policy),
+              [&](const at::Tensor& in) { return mlp->forward(in); }, inputs[t]);
           const auto grads = torch::autograd::grad({y.sum()}, wrt);
           for (size_t j = 0; j < grads.size(); ++j) {
             mismatches += !torch::equal(grads[j], expected[t * wrt.size() + j]);
@@ -352,8 +370,10 @@ struct ReadsSavedTwice : torch::autograd::Function<ReadsSavedTwice> {
 };
 
 TEST_F(Checkpoint, UnpackingTwiceIsAnError) {
-  auto y = sac::checkpoint([&](const at::Tensor& in) { return ReadsSavedTwice::apply(in.mm(w)); }, x);
-  const auto message = error_of<sac::CheckpointError>([&] { torch::autograd::grad({y.sum()}, {w}); });
+  auto y =
+      sac::checkpoint([&](const at::Tensor& in) { return ReadsSavedTwice::apply(in.mm(w)); }, x);
+  const auto message =
+      error_of<sac::CheckpointError>([&] { torch::autograd::grad({y.sum()}, {w}); });
   EXPECT_NE(message.find("unpacked a second time"), std::string::npos) << message;
   EXPECT_NE(message.find("once per backward"), std::string::npos) << message;
 }
@@ -367,7 +387,8 @@ TEST_F(Checkpoint, SavingMoreTensorsInRecomputationIsAnError) {
   sac::EarlyStopGuard no_early_stop(false);  // with early stop, extra saves are never reached
   auto y = sac::checkpoint(f, x);
   extra = true;
-  const auto message = error_of<sac::CheckpointError>([&] { torch::autograd::grad({y.sum()}, {w}); });
+  const auto message =
+      error_of<sac::CheckpointError>([&] { torch::autograd::grad({y.sum()}, {w}); });
   EXPECT_NE(message.find("more tensors during recomputation"), std::string::npos) << message;
   EXPECT_NE(message.find("debug(true)"), std::string::npos) << message;
 }
@@ -380,7 +401,8 @@ TEST_F(Checkpoint, SavingFewerTensorsInRecomputationIsAnError) {
   };
   auto y = sac::checkpoint(f, x);
   fewer = true;
-  const auto message = error_of<sac::CheckpointError>([&] { torch::autograd::grad({y.sum()}, {w}); });
+  const auto message =
+      error_of<sac::CheckpointError>([&] { torch::autograd::grad({y.sum()}, {w}); });
   EXPECT_NE(message.find("different number of tensors"), std::string::npos) << message;
 }
 
@@ -392,7 +414,8 @@ TEST_F(Checkpoint, DeterminismCheckReportsMetadataMismatches) {
   };
   auto y = sac::checkpoint(f, x);
   as_double = true;
-  const auto message = error_of<sac::CheckpointError>([&] { torch::autograd::grad({y.sum()}, {w}); });
+  const auto message =
+      error_of<sac::CheckpointError>([&] { torch::autograd::grad({y.sum()}, {w}); });
   EXPECT_NE(message.find("different metadata"), std::string::npos) << message;
   EXPECT_NE(message.find("dtype: Double"), std::string::npos) << message;
   EXPECT_NE(message.find("DeterminismCheck::None"), std::string::npos) << message;
@@ -418,12 +441,12 @@ TEST_F(Checkpoint, DeterminismCheckCanBeTurnedOff) {
         },
         {x}, {w});
   };
-  const auto message = error_of<sac::CheckpointError>(
-      [&] { recompute_with_broadcast(sac::CheckpointOptions()); });
+  const auto message =
+      error_of<sac::CheckpointError>([&] { recompute_with_broadcast(sac::CheckpointOptions()); });
   EXPECT_NE(message.find("shape: [1, 16]"), std::string::npos) << message;
-  expect_bit_identical(
-      expected,
-      recompute_with_broadcast(sac::CheckpointOptions().determinism_check(sac::DeterminismCheck::None)));
+  expect_bit_identical(expected,
+                       recompute_with_broadcast(sac::CheckpointOptions().determinism_check(
+                           sac::DeterminismCheck::None)));
 }
 
 TEST_F(Checkpoint, DebugModePrintsTheOpsOfBothPasses) {
@@ -434,7 +457,8 @@ TEST_F(Checkpoint, DebugModePrintsTheOpsOfBothPasses) {
   };
   auto y = sac::checkpoint(sac::CheckpointOptions().debug(true), f, x);
   fewer = true;
-  const auto message = error_of<sac::CheckpointError>([&] { torch::autograd::grad({y.sum()}, {w}); });
+  const auto message =
+      error_of<sac::CheckpointError>([&] { torch::autograd::grad({y.sum()}, {w}); });
   EXPECT_NE(message.find("different number of tensors"), std::string::npos) << message;
   EXPECT_NE(message.find("Ops executed during the original forward"), std::string::npos) << message;
   EXPECT_NE(message.find("aten::sigmoid"), std::string::npos) << message;
@@ -460,7 +484,8 @@ TEST_F(Checkpoint, DebugModeWithAPolicyPrintsTheOpsOfBothPasses) {
     more = true;
     const auto message =
         error_of<sac::CheckpointError>([&] { torch::autograd::grad({y.sum()}, {w}); });
-    EXPECT_NE(message.find("aten::add.Tensor ran at least 2 times during recomputation"), std::string::npos)
+    EXPECT_NE(message.find("aten::add.Tensor ran at least 2 times during recomputation"),
+              std::string::npos)
         << message;
     EXPECT_EQ(message.find("Ops executed during the original forward") != std::string::npos, debug)
         << message;
@@ -481,8 +506,10 @@ TEST_F(Checkpoint, DebugGuardTurnsDebugOnWithBacktraces) {
     y = sac::checkpoint(sac::CheckpointOptions().debug_backtraces(true), f, x);
   }
   fewer = true;
-  const auto message = error_of<sac::CheckpointError>([&] { torch::autograd::grad({y.sum()}, {w}); });
-  EXPECT_NE(message.find("Backtraces of the ops of the original forward"), std::string::npos) << message;
+  const auto message =
+      error_of<sac::CheckpointError>([&] { torch::autograd::grad({y.sum()}, {w}); });
+  EXPECT_NE(message.find("Backtraces of the ops of the original forward"), std::string::npos)
+      << message;
 }
 
 // Logs belong to their frame: repeated iterations keep the same size and
@@ -504,22 +531,25 @@ TEST_F(Checkpoint, DebugModeNeitherLeaksNorGrows) {
 
 TEST_F(Checkpoint, PolicyAndContextFnTogetherIsAnError) {
   const auto message = error_of([&] {
-    sac::checkpoint(sac::CheckpointOptions()
-                        .policy(sac::Policy::save_ops({"aten::mm"}))
-                        .context_fn([] { return sac::RegionContexts{}; }),
-                    [&](const at::Tensor& in) { return in.mm(w); }, x);
+    sac::checkpoint(
+        sac::CheckpointOptions().policy(sac::Policy::save_ops({"aten::mm"})).context_fn([] {
+          return sac::RegionContexts{};
+        }),
+        [&](const at::Tensor& in) { return in.mm(w); }, x);
   });
   EXPECT_NE(message.find("both a policy and a context_fn"), std::string::npos) << message;
 }
 
 TEST_F(Checkpoint, ReusingOnePairOfModesForTwoRegionsIsAnError) {
   auto modes = sac::create_selective_checkpoint_contexts(sac::Policy::save_ops({"aten::mm"}));
-  auto options = sac::CheckpointOptions().context_fn([modes] { return sac::RegionContexts(modes); });
+  auto options =
+      sac::CheckpointOptions().context_fn([modes] { return sac::RegionContexts(modes); });
   auto f = [&](const at::Tensor& in) { return torch::tanh(in.mm(w)); };
   auto first = sac::checkpoint(options, f, x);
   const auto message = error_of([&] { sac::checkpoint(options, f, x); });
   EXPECT_NE(message.find("already recorded"), std::string::npos) << message;
-  EXPECT_NE(message.find("create_selective_checkpoint_contexts each time"), std::string::npos) << message;
+  EXPECT_NE(message.find("create_selective_checkpoint_contexts each time"), std::string::npos)
+      << message;
   // Once the first region's graph is gone, the pair is free again.
   torch::autograd::grad({first.sum()}, {w});
   first.reset();
@@ -528,8 +558,9 @@ TEST_F(Checkpoint, ReusingOnePairOfModesForTwoRegionsIsAnError) {
 
 TEST_F(Checkpoint, SelectiveOptionsWithoutPolicyAreAnError) {
   const auto message = error_of([&] {
-    sac::checkpoint(sac::CheckpointOptions().allow_cache_entry_mutation(true),
-                    [&](const at::Tensor& in) { return in.mm(w); }, x);
+    sac::checkpoint(
+        sac::CheckpointOptions().allow_cache_entry_mutation(true),
+        [&](const at::Tensor& in) { return in.mm(w); }, x);
   });
   EXPECT_NE(message.find("no policy was given"), std::string::npos) << message;
   EXPECT_NE(message.find("Add .policy"), std::string::npos) << message;

@@ -46,8 +46,9 @@ TEST(CollectiveLedger, RefusesAnotherShapeDtypeReductionOrGroup) {
     return error_of([&] { ledger.check(all_reduce, 0, args); });
   };
   const std::string shape = refused(all_reduce_args(torch::ones({3, 2}), "sum", "g"));
-  EXPECT_NE(shape.find("would issue collective _c10d_functional::all_reduce with (Float[3, 2], "
-                       "sum, g) as its call 1, but the forward issued it with (Float[2, 3], sum, g)"),
+  EXPECT_NE(shape.find(
+                "would issue collective _c10d_functional::all_reduce with (Float[3, 2], "
+                "sum, g) as its call 1, but the forward issued it with (Float[2, 3], sum, g)"),
             std::string::npos)
       << shape;
   EXPECT_NE(refused(all_reduce_args(torch::ones({2, 3}, torch::kDouble), "sum", "g"))
@@ -70,8 +71,9 @@ TEST(CollectiveLedger, RefusesACallTheForwardNeverMade) {
             std::string::npos)
       << extra;
   EXPECT_NE(extra.find("sac::never_recompute_collectives()"), std::string::npos) << extra;
-  const std::string never = error_of(
-      [&] { ledger.check(all_gather, 0, {torch::ones({2}), int64_t{2}, std::string("g")}); });
+  const std::string never = error_of([&] {
+    ledger.check(all_gather, 0, {torch::ones({2}), int64_t{2}, std::string("g")});
+  });
   EXPECT_NE(never.find("_c10d_functional::all_gather_into_tensor (Float[2], 2, g) as its call 1, "
                        "but the region's forward issued 0 such calls"),
             std::string::npos)
@@ -81,8 +83,8 @@ TEST(CollectiveLedger, RefusesACallTheForwardNeverMade) {
 TEST(CollectiveLedger, OnlyCommunicatingFunctionalCollectivesAreTracked) {
   EXPECT_TRUE(sac::policy::issues_collective(op_named("_c10d_functional::all_reduce")));
   EXPECT_TRUE(sac::policy::issues_collective(op_named("_c10d_functional::all_reduce_")));
-  EXPECT_TRUE(
-      sac::policy::issues_collective(op_named("_c10d_functional_autograd::all_gather_into_tensor")));
+  EXPECT_TRUE(sac::policy::issues_collective(
+      op_named("_c10d_functional_autograd::all_gather_into_tensor")));
   EXPECT_FALSE(sac::policy::issues_collective(op_named("_c10d_functional::wait_tensor")));
   EXPECT_FALSE(sac::policy::issues_collective(op_named("aten::mm")));
   EXPECT_TRUE(sac::policy::is_collective(op_named("_c10d_functional::wait_tensor")));

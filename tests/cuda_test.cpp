@@ -26,10 +26,10 @@ bool deterministic_cuda() {
   return once;
 }
 
-#define SKIP_WITHOUT_CUDA()                                                  \
-  if (!deterministic_cuda()) {                                               \
-    GTEST_SKIP() << "no CUDA device: this LibTorch or machine has no GPU";   \
-  }                                                                          \
+#define SKIP_WITHOUT_CUDA()                                                \
+  if (!deterministic_cuda()) {                                             \
+    GTEST_SKIP() << "no CUDA device: this LibTorch or machine has no GPU"; \
+  }                                                                        \
   sac_test::expect_configured_mechanism()
 
 // A GPT block with dropout on `device`, from seed 0.
@@ -47,17 +47,18 @@ at::TensorOptions on_cuda(int index = 0) {
 TEST(Cuda, DropoutGradientsBitIdenticalUnderSelectiveCheckpoint) {
   SKIP_WITHOUT_CUDA();
   auto block = gpt_block_on(torch::kCUDA);
-  auto x = torch::randn({2, 32, 64}, torch::TensorOptions().device(torch::kCUDA).requires_grad(true));
+  auto x =
+      torch::randn({2, 32, 64}, torch::TensorOptions().device(torch::kCUDA).requires_grad(true));
   const auto params = block->parameters();
   auto run = [&](const at::Tensor& in) { return block->forward(in); };
   const auto expected = sac_test::run_and_grad([&] { return run(x); }, {x}, params);
-  for (const auto& policy : {sac::Policy::save_ops({"aten::addmm"}),
-                             sac::Policy::from_fn([](const sac::SelectiveCheckpointContext&,
-                                                     const c10::OperatorHandle&, c10::ArrayRef<c10::IValue>) {
-                               return true;
-                             })}) {
+  for (const auto& policy :
+       {sac::Policy::save_ops({"aten::addmm"}),
+        sac::Policy::from_fn([](const sac::SelectiveCheckpointContext&, const c10::OperatorHandle&,
+                                c10::ArrayRef<c10::IValue>) { return true; })}) {
     const auto actual = sac_test::run_and_grad(
-        [&] { return sac::checkpoint(sac::CheckpointOptions().policy(policy), run, x); }, {x}, params);
+        [&] { return sac::checkpoint(sac::CheckpointOptions().policy(policy), run, x); }, {x},
+        params);
     sac_test::expect_bit_identical(expected, actual);
   }
 }
@@ -70,7 +71,8 @@ TEST(Cuda, DropoutGradientsBitIdenticalUnderRegionGuard) {
     GTEST_SKIP() << "sac::CheckpointRegion needs the fallback key";
   }
   auto block = gpt_block_on(torch::kCUDA);
-  auto x = torch::randn({2, 32, 64}, torch::TensorOptions().device(torch::kCUDA).requires_grad(true));
+  auto x =
+      torch::randn({2, 32, 64}, torch::TensorOptions().device(torch::kCUDA).requires_grad(true));
   const auto params = block->parameters();
   const auto expected = sac_test::run_and_grad([&] { return block->forward(x); }, {x}, params);
   for (const auto& options :
@@ -111,8 +113,8 @@ TEST(Cuda, OffloadGuardToPinnedHostMemoryIsBitIdentical) {
   const auto around_checkpoint = sac_test::run_and_grad(
       [&] {
         sac::OffloadGuard offload;
-        return sac::checkpoint(sac::CheckpointOptions().policy(sac::Policy::save_ops({"aten::addmm"})),
-                               run, x);
+        return sac::checkpoint(
+            sac::CheckpointOptions().policy(sac::Policy::save_ops({"aten::addmm"})), run, x);
       },
       {x, bias}, params);
   sac_test::expect_bit_identical(expected, around_checkpoint);
@@ -127,9 +129,8 @@ TEST(Cuda, OffloadAnswersPrefetchedAreBitIdentical) {
   const auto params = block->parameters();
   auto run = [&](const at::Tensor& in) { return block->forward(in); };
   const auto expected = sac_test::run_and_grad([&] { return run(x); }, {x}, params);
-  const auto options =
-      sac::CheckpointOptions().policy(sac::Policy::answer_ops(
-          {"aten::addmm"}, sac::CheckpointPolicy::MustCpuOffload));
+  const auto options = sac::CheckpointOptions().policy(
+      sac::Policy::answer_ops({"aten::addmm"}, sac::CheckpointPolicy::MustCpuOffload));
   const auto actual =
       sac_test::run_and_grad([&] { return sac::checkpoint(options, run, x); }, {x}, params);
   sac_test::expect_bit_identical(expected, actual);
@@ -200,9 +201,8 @@ TEST(Cuda, ABackwardInsideTheForwardRunsOnTheDeviceThreadInsideTheRegion) {
     return (g * a.sin()).sum();
   };
   const auto expected = torch::autograd::grad({f(x)}, {x, w});
-  for (const auto& options :
-       {sac::CheckpointOptions(),
-        sac::CheckpointOptions().policy(sac::Policy::save_ops({"aten::mm"}))}) {
+  for (const auto& options : {sac::CheckpointOptions(), sac::CheckpointOptions().policy(
+                                                            sac::Policy::save_ops({"aten::mm"}))}) {
     const auto y = sac::checkpoint(options, f, x);
     sac_test::expect_bit_identical(expected, torch::autograd::grad({y}, {x, w}));
   }

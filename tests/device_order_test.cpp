@@ -100,7 +100,7 @@ TEST(DeviceOrder, ACopyBackIsAllocatedOnItsOwnStreamAndHandedToTheCurrentOne) {
   const auto target = sac::host_memory(fake);
   const auto copy = target->copy_out(torch::randn({3, 4}));
   fake->calls.clear();
-  const auto back = target->copy_back(copy, sac::CopiedFrom::of(copy));
+  const auto back = target->copy_back(copy, sac::CopyTarget::Origin::of(copy));
   EXPECT_EQ(fake->calls, (Calls{"mark to_host", "to_device waits for to_host's mark",
                                 "alloc on to_device", "copy on to_device", "mark to_device",
                                 "current waits for to_device's mark", "record on current"}));
@@ -117,7 +117,7 @@ TEST(DeviceOrder, BroadcastAndGappedViewsCrossAsTheirElements) {
   auto base = torch::randn({4, 1}, torch::requires_grad());
   auto wide = torch::randn({4, 9}, torch::requires_grad());
   auto f = [&] {
-    auto e = (base * 1).expand({4, 6});  // stride 0 in dim 1
+    auto e = (base * 1).expand({4, 6});   // stride 0 in dim 1
     auto g = (wide * 1).narrow(1, 0, 3);  // rows 9 apart, 3 used
     return (x * e).sum() + (g * g.sin()).sum();
   };
@@ -173,8 +173,8 @@ TEST(DeviceOrder, PrefetchedCopiesAreAllQueuedBeforeTheFirstWait) {
   auto y = sac::checkpoint(offload_mm_to(fake), f, x);
   fake->calls.clear();
   sac_test::expect_bit_identical(expected, torch::autograd::grad({y.sum()}, {x, w}));
-  const auto first_wait = std::find(fake->calls.begin(), fake->calls.end(),
-                                    "current waits for to_device's mark");
+  const auto first_wait =
+      std::find(fake->calls.begin(), fake->calls.end(), "current waits for to_device's mark");
   ASSERT_NE(first_wait, fake->calls.end());
   EXPECT_EQ(std::count(fake->calls.begin(), first_wait, "copy on to_device"), 3);
   EXPECT_EQ(std::count(fake->calls.begin(), fake->calls.end(), "copy on to_device"), 3);

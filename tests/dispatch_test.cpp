@@ -1,10 +1,11 @@
-// The dispatch layer: which mechanism is used, interceptors below autograd,
+// The dispatch floor: which mechanism is used, interceptors below autograd,
 // suspension while an interceptor runs, nesting, and thread-local state
 // across exceptions.
 #include "support.h"
 
 #include <sac/dispatch/internal/interceptor.h>
 #include <sac/policy/internal/op_names.h>
+#include <sac/dispatch/internal/placement.h>
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
@@ -142,9 +143,7 @@ TEST_F(DispatchTest, NothingIsRecordedWithoutAnActiveInterceptor) {
   const at::Tensor& a = ab.a;
   const at::Tensor& b = ab.b;
   Recorder recorder;
-  {
-    sac::dispatch::InterceptorGuard guard(&recorder);
-  }
+  { sac::dispatch::InterceptorGuard guard(&recorder); }
   a.mm(b).add(1);
   EXPECT_TRUE(recorder.names.empty());
   EXPECT_EQ(sac::dispatch::active_interceptor(), nullptr);

@@ -4,13 +4,14 @@
 #include "support.h"
 
 #include <sac/cache/internal/op_cache.h>
+#include <sac/dispatch/internal/placement.h>
 
 namespace fallback_taken_test {
 
 void someone_elses_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                             torch::jit::Stack* stack) {
-  op.redispatchBoxed(ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake),
-                     stack);
+  op.redispatchBoxed(
+      ks & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Fake), stack);
 }
 
 TEST(FallbackKeyTaken, ForcingTheFallbackIsAnErrorAndAutoUsesPerOpKernels) {
@@ -21,9 +22,8 @@ TEST(FallbackKeyTaken, ForcingTheFallbackIsAnErrorAndAutoUsesPerOpKernels) {
   EXPECT_FALSE(sac::dispatch::fallback_key_available(&reason));
   EXPECT_NE(reason.find("already registers a fallback"), std::string::npos) << reason;
 
-  const auto message = sac_test::error_of([] {
-    sac::dispatch::set_mechanism(sac::dispatch::Mechanism::FallbackKey);
-  });
+  const auto message = sac_test::error_of(
+      [] { sac::dispatch::set_mechanism(sac::dispatch::Mechanism::FallbackKey); });
   EXPECT_NE(message.find("already registers a fallback"), std::string::npos) << message;
   EXPECT_NE(message.find("SAC_DISPATCH=per_op"), std::string::npos) << message;
 
@@ -37,8 +37,8 @@ TEST(FallbackKeyTaken, ForcingTheFallbackIsAnErrorAndAutoUsesPerOpKernels) {
   auto f = [&](const at::Tensor& in) { return torch::tanh(in.mm(w)).mm(w); };
   const auto expected = torch::autograd::grad({f(x).sum()}, {w})[0];
   auto modes = sac::create_selective_checkpoint_contexts(sac::Policy::save_ops({"aten::mm"}));
-  auto y = sac::checkpoint(sac::CheckpointOptions().context_fn([modes] { return sac::RegionContexts(modes); }),
-                           f, x);
+  auto y = sac::checkpoint(
+      sac::CheckpointOptions().context_fn([modes] { return sac::RegionContexts(modes); }), f, x);
   EXPECT_EQ(modes.cache->saved_calls(), 2u);
   EXPECT_TRUE(torch::equal(expected, torch::autograd::grad({y.sum()}, {w})[0]));
 }

@@ -135,21 +135,21 @@ class Faults : public ::testing::Test {
     x = torch::randn({6, 16}, torch::requires_grad());
     // Saves the matmuls and the relus. Throws on its 3rd call (of a forward,
     // or of a recomputation) while `policy_fault` is armed.
-    callback = sac::Policy::from_fn([fault = policy_fault](const sac::SelectiveCheckpointContext& ctx,
-                                                           const c10::OperatorHandle& op,
-                                                           c10::ArrayRef<c10::IValue>) {
-      if (fault->armed && ++fault->calls == 3) {
-        throw std::runtime_error("policy failure on its 3rd call");
-      }
-      if (fault->arm_allocator_after_relu > 0 && op.operator_name().name == "aten::relu" &&
-          --fault->arm_allocator_after_relu == 0) {
-        // The next allocation is this addmm's output, inside the caching
-        // mode, which is about to cache it.
-        FaultInjectingAllocator::install().arm(1);
-      }
-      const auto& name = op.operator_name().name;
-      return name == "aten::addmm" || name == "aten::relu";
-    });
+    callback = sac::Policy::from_fn(
+        [fault = policy_fault](const sac::SelectiveCheckpointContext& ctx,
+                               const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>) {
+          if (fault->armed && ++fault->calls == 3) {
+            throw std::runtime_error("policy failure on its 3rd call");
+          }
+          if (fault->arm_allocator_after_relu > 0 && op.operator_name().name == "aten::relu" &&
+              --fault->arm_allocator_after_relu == 0) {
+            // The next allocation is this addmm's output, inside the caching
+            // mode, which is about to cache it.
+            FaultInjectingAllocator::install().arm(1);
+          }
+          const auto& name = op.operator_name().name;
+          return name == "aten::addmm" || name == "aten::relu";
+        });
     reference = run_and_grad([&] { return region(x); }, {x}, params);
     // Warm up every path once: lazily created state must not count below.
     for (const auto kind : {Kind::Full, Kind::SaveOps, Kind::Callback}) {
@@ -398,8 +398,8 @@ TEST_F(Faults, AllocationFailureWhileCachingASavedOutput) {
       allocator->disarm();
       // The failed allocation is the next addmm's output: [6, 32] floats
       // for a hidden layer, [6, 8] for the last.
-      EXPECT_CONTAINS(message, "injected allocation failure (" + std::to_string(k < 2 ? 6 * 32 * 4 : 6 * 8 * 4) +
-                                   " bytes)");
+      EXPECT_CONTAINS(message, "injected allocation failure (" +
+                                   std::to_string(k < 2 ? 6 * 32 * 4 : 6 * 8 * 4) + " bytes)");
       EXPECT_EQ(allocator->failures(), failures + 1);
       expect_clean_thread_state();
       ASSERT_EQ(live(), baseline) << "repeat " << i;
@@ -507,7 +507,9 @@ TEST_F(Faults, NestedRegionThrowsDuringOuterRecomputation) {
           recomputing = true;
           inner_calls = 0;
           const auto rng_before = cpu_rng_state();
-          const auto message = thrown<c10::Error>([&] { torch::autograd::grad({y.sum()}, {in, w}); });
+          const auto message = thrown<c10::Error>([&] {
+            torch::autograd::grad({y.sum()}, {in, w});
+          });
           EXPECT_CONTAINS(message, "inner region failure");
           EXPECT_EQ(inner_calls, 1) << "the outer recomputation ran the inner region's forward";
           expect_clean_thread_state();
@@ -519,7 +521,8 @@ TEST_F(Faults, NestedRegionThrowsDuringOuterRecomputation) {
       expect_clean_thread_state();
       expect_bit_identical(expected, run_and_grad([&] { return outer(in); }, {in}, {w}));
       expect_bit_identical(expected,
-                           run_and_grad([&] { return sac::checkpoint(outer_options, outer, in); }, {in}, {w}));
+                           run_and_grad([&] { return sac::checkpoint(outer_options, outer, in); },
+                                        {in}, {w}));
       EXPECT_EQ(live(), baseline);
     }
   }

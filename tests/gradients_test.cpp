@@ -9,7 +9,13 @@ namespace gradients_test {
 using sac_test::expect_bit_identical;
 using sac_test::run_and_grad;
 
-enum class PolicyKind { FullRecompute, SaveMatmuls, SaveMatmulsAndAttention, SaveEverything, EveryOtherMatmul };
+enum class PolicyKind {
+  FullRecompute,
+  SaveMatmuls,
+  SaveMatmulsAndAttention,
+  SaveEverything,
+  EveryOtherMatmul
+};
 
 std::string name_of(PolicyKind kind) {
   switch (kind) {
@@ -28,8 +34,7 @@ sac::CheckpointOptions options_for(PolicyKind kind,
                                    std::shared_ptr<sac::OpCache>* saved = nullptr) {
   std::optional<sac::Policy> policy;
   switch (kind) {
-    case PolicyKind::FullRecompute:
-      return {};
+    case PolicyKind::FullRecompute: return {};
     case PolicyKind::SaveMatmuls:
       policy = sac::Policy::save_ops({"aten::mm", "aten::addmm"});
       break;
@@ -46,9 +51,9 @@ sac::CheckpointOptions options_for(PolicyKind kind,
       // Stateful: the count is shared by forward and recomputation, which
       // would corrupt gradients if recomputation asked the policy again.
       auto count = std::make_shared<int>(0);
-      policy = sac::Policy::from_fn(
-          [count](const sac::SelectiveCheckpointContext&, const c10::OperatorHandle& op,
-                  c10::ArrayRef<c10::IValue>) {
+      policy =
+          sac::Policy::from_fn([count](const sac::SelectiveCheckpointContext&,
+                                       const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>) {
             const auto& name = op.operator_name().name;
             return (name == "aten::mm" || name == "aten::addmm") && (*count)++ % 2 == 0;
           });
@@ -77,7 +82,8 @@ TEST_P(Gradients, MlpBitIdentical) {
   const auto options = options_for(GetParam(), &cache);
   const auto actual = run_and_grad(
       [&] {
-        auto y = sac::checkpoint(options, [&](const at::Tensor& in) { return mlp->forward(in); }, x);
+        auto y = sac::checkpoint(
+            options, [&](const at::Tensor& in) { return mlp->forward(in); }, x);
         if (cache) {
           EXPECT_GT(cache->saved_calls(), 0u) << "the policy saved nothing";
         }
@@ -97,7 +103,8 @@ TEST_P(Gradients, GptBlockBitIdentical) {
   const auto options = options_for(GetParam(), &cache);
   const auto actual = run_and_grad(
       [&] {
-        auto y = sac::checkpoint(options, [&](const at::Tensor& in) { return block->forward(in); }, x);
+        auto y = sac::checkpoint(
+            options, [&](const at::Tensor& in) { return block->forward(in); }, x);
         if (cache) {
           EXPECT_GT(cache->saved_calls(), 0u) << "the policy saved nothing";
         }
@@ -118,8 +125,10 @@ TEST_P(Gradients, StackedGptBlocksBitIdentical) {
   const auto expected = run_and_grad([&] { return b->forward(a->forward(x)); }, {x}, params);
   const auto actual = run_and_grad(
       [&] {
-        auto h = sac::checkpoint(options_for(GetParam()), [&](const at::Tensor& in) { return a->forward(in); }, x);
-        return sac::checkpoint(options_for(GetParam()), [&](const at::Tensor& in) { return b->forward(in); }, h);
+        auto h = sac::checkpoint(
+            options_for(GetParam()), [&](const at::Tensor& in) { return a->forward(in); }, x);
+        return sac::checkpoint(
+            options_for(GetParam()), [&](const at::Tensor& in) { return b->forward(in); }, h);
       },
       {x}, params);
   expect_bit_identical(expected, actual);
@@ -128,7 +137,8 @@ TEST_P(Gradients, StackedGptBlocksBitIdentical) {
 INSTANTIATE_TEST_SUITE_P(AllPolicies, Gradients,
                          ::testing::Values(PolicyKind::FullRecompute, PolicyKind::SaveMatmuls,
                                            PolicyKind::SaveMatmulsAndAttention,
-                                           PolicyKind::SaveEverything, PolicyKind::EveryOtherMatmul),
+                                           PolicyKind::SaveEverything,
+                                           PolicyKind::EveryOtherMatmul),
                          [](const auto& info) { return name_of(info.param); });
 
 // LibTorch's C++ Linear on 3-D input runs aten::mm and adds the bias in place
@@ -145,7 +155,8 @@ TEST(HiddenAliases, InPlaceBiasThroughUnsafeViewIsNotServed) {
   auto f = [&](const at::Tensor& in) { return torch::relu(linear->forward(in)).pow(2); };
   const auto expected = sac_test::run_and_grad([&] { return f(x); }, {x}, params);
   auto modes = sac::create_selective_checkpoint_contexts(sac::Policy::save_ops({"aten::mm"}));
-  auto options = sac::CheckpointOptions().context_fn([modes] { return sac::RegionContexts(modes); });
+  auto options =
+      sac::CheckpointOptions().context_fn([modes] { return sac::RegionContexts(modes); });
   const auto actual = sac_test::run_and_grad(
       [&] {
         auto y = sac::checkpoint(options, f, x);
@@ -174,8 +185,10 @@ TEST(HiddenAliases, InputOfACachedAliasModifiedInPlaceIsNotServed) {
     return a.sum() + h.sum();
   };
   const auto expected = sac_test::run_and_grad([&] { return f(x); }, {x}, {w});
-  auto modes = sac::create_selective_checkpoint_contexts(sac::Policy::save_ops({"aten::_unsafe_view"}));
-  auto options = sac::CheckpointOptions().context_fn([modes] { return sac::RegionContexts(modes); });
+  auto modes =
+      sac::create_selective_checkpoint_contexts(sac::Policy::save_ops({"aten::_unsafe_view"}));
+  auto options =
+      sac::CheckpointOptions().context_fn([modes] { return sac::RegionContexts(modes); });
   const auto actual = sac_test::run_and_grad(
       [&] {
         auto y = sac::checkpoint(options, f, x);
@@ -202,9 +215,11 @@ TEST(HiddenAliases, DemotionWarningNamesBothOps) {
     return h.sin();
   };
   auto modes = sac::create_selective_checkpoint_contexts(sac::Policy::save_ops({"aten::cosh"}));
-  auto options = sac::CheckpointOptions().context_fn([modes] { return sac::RegionContexts(modes); });
+  auto options =
+      sac::CheckpointOptions().context_fn([modes] { return sac::RegionContexts(modes); });
   const auto expected = sac_test::run_and_grad([&] { return f(x); }, {x}, {});
-  const auto actual = sac_test::run_and_grad([&] { return sac::checkpoint(options, f, x); }, {x}, {});
+  const auto actual =
+      sac_test::run_and_grad([&] { return sac::checkpoint(options, f, x); }, {x}, {});
   sac_test::expect_bit_identical(expected, actual);
   EXPECT_EQ(modes.cache->demoted_calls(), 1u);
   const std::string writer = sac::dispatch::mechanism() == sac::dispatch::Mechanism::FallbackKey

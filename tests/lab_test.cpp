@@ -6,6 +6,7 @@
 #include <sac/lab/explain.h>
 #include <sac/lab/internal/knapsack.h>
 #include <sac/lab/profile.h>
+#include <sac/policy/internal/answers.h>
 
 #include <torch/csrc/autograd/profiler_legacy.h>
 
@@ -42,8 +43,9 @@ struct Outcome {
 Outcome run(GptBlock& block, const at::Tensor& x, const sac::Policy& policy) {
   torch::manual_seed(7);
   const int64_t base = CountingAllocator::live_bytes();
-  at::Tensor y = sac::checkpoint(sac::CheckpointOptions().policy(policy),
-                                 [&](const at::Tensor& in) { return block->forward(in); }, x);
+  at::Tensor y = sac::checkpoint(
+      sac::CheckpointOptions().policy(policy),
+      [&](const at::Tensor& in) { return block->forward(in); }, x);
   const at::Tensor loss = y.sum();
   y = at::Tensor();
   Outcome out;
@@ -94,8 +96,7 @@ TEST_F(Lab, ProfileBytesAreTheBytesSavingKeeps) {
   p.write_csv(csv);
   EXPECT_NE(table.str().find("keepable"), std::string::npos);
   const std::string rows = csv.str();
-  EXPECT_EQ(std::count(rows.begin(), rows.end(), '\n'),
-            static_cast<long>(p.calls().size()) + 1);
+  EXPECT_EQ(std::count(rows.begin(), rows.end(), '\n'), static_cast<long>(p.calls().size()) + 1);
 }
 
 // The exact solver against brute force on small random problems.
@@ -262,8 +263,7 @@ TEST_F(Lab, OffloadIsAChoiceForAcceleratorCalls) {
     EXPECT_EQ(kept, plan.kept_bytes);
     EXPECT_EQ(offloaded, plan.offloaded_bytes);
   }
-  const std::string message =
-      sac_test::error_of([] { sac::measure_offload_bandwidth(c10::kCPU); });
+  const std::string message = sac_test::error_of([] { sac::measure_offload_bandwidth(c10::kCPU); });
   EXPECT_NE(message.find("accelerator"), std::string::npos) << message;
 }
 
@@ -290,8 +290,8 @@ TEST_F(Lab, OneBudgetAcrossRegions) {
   GptBlock a(64, 4, 0.0), b(64, 4, 0.0);
   const at::Tensor x = torch::randn({2, 16, 64}, torch::requires_grad());
   const at::Tensor h = a->forward(x).detach().requires_grad_();
-  const auto plan = sac::budgeted_plan({profile_of(a, x), profile_of(b, h)},
-                                       sac::Budget::fraction(0.4));
+  const auto plan =
+      sac::budgeted_plan({profile_of(a, x), profile_of(b, h)}, sac::Budget::fraction(0.4));
   ASSERT_EQ(plan.policies.size(), 2u);
   const Outcome none_a = run(a, x, sac::nothing_saveable());
   const Outcome none_b = run(b, h, sac::nothing_saveable());

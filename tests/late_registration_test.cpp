@@ -20,9 +20,7 @@ class LateRegistration : public ::testing::Test {
 };
 
 sac::CheckpointOptions saving(const std::vector<std::string>& ops) {
-  return sac::CheckpointOptions()
-      .policy(sac::Policy::save_ops(ops))
-      .outside_tensor_check(false);
+  return sac::CheckpointOptions().policy(sac::Policy::save_ops(ops)).outside_tensor_check(false);
 }
 
 TEST_F(LateRegistration, TwoRegionsWithDifferentPoliciesInOneStep) {
@@ -45,13 +43,12 @@ TEST_F(LateRegistration, CallbackPolicyCreatedAfterARegionRan) {
   // A callback made now intercepts every cacheable op under per-op kernels.
   std::atomic<int> asked{0};
   auto later = sac::Policy::from_fn([&](const sac::SelectiveCheckpointContext&,
-                                        const c10::OperatorHandle&,
-                                        c10::ArrayRef<c10::IValue>) {
+                                        const c10::OperatorHandle&, c10::ArrayRef<c10::IValue>) {
     ++asked;
     return false;
   });
-  auto z = sac::checkpoint(
-      sac::CheckpointOptions().policy(later).outside_tensor_check(false), f, x);
+  auto z =
+      sac::checkpoint(sac::CheckpointOptions().policy(later).outside_tensor_check(false), f, x);
   const auto g = torch::autograd::grad({y.sum()}, {x})[0];
   EXPECT_TRUE(torch::equal(g, expected));
   const auto gz = torch::autograd::grad({z.sum()}, {x})[0];

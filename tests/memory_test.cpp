@@ -16,8 +16,8 @@ class Memory : public ::testing::Test {
     mlp = sac_test::Mlp(kIn, kHidden, kOut, /*depth=*/4);
     x = torch::randn({kBatch, kIn}, torch::requires_grad());
     // Warm up once: lazily created global state must not count below.
-    auto y = sac::checkpoint(sac::CheckpointOptions().policy(sac::Policy::save_ops({"aten::addmm"})),
-                             forward(), x);
+    auto y = sac::checkpoint(
+        sac::CheckpointOptions().policy(sac::Policy::save_ops({"aten::addmm"})), forward(), x);
     torch::autograd::grad({y.sum()}, {x});
   }
 
@@ -65,7 +65,8 @@ TEST_F(Memory, WithoutCheckpointActivationsStay) {
 TEST_F(Memory, SaveMatmulsKeepsExactlyTheMatmulOutputs) {
   const int64_t base = CountingAllocator::live_bytes();
   auto modes = sac::create_selective_checkpoint_contexts(sac::Policy::save_ops({"aten::addmm"}));
-  auto options = sac::CheckpointOptions().context_fn([modes] { return sac::RegionContexts(modes); });
+  auto options =
+      sac::CheckpointOptions().context_fn([modes] { return sac::RegionContexts(modes); });
   {
     auto y = sac::checkpoint(options, forward(), x);
     const int64_t matmul_outputs = 3 * kBatch * kHidden * kFloat + kBatch * kOut * kFloat;
@@ -87,7 +88,8 @@ TEST_F(Memory, DroppingASelectiveGraphWithoutBackwardFreesTheCache) {
   {
     auto modes = sac::create_selective_checkpoint_contexts(sac::Policy::save_ops({"aten::addmm"}));
     cache = modes.cache;
-    auto options = sac::CheckpointOptions().context_fn([modes] { return sac::RegionContexts(modes); });
+    auto options =
+        sac::CheckpointOptions().context_fn([modes] { return sac::RegionContexts(modes); });
     auto y = sac::checkpoint(options, forward(), x);
     EXPECT_GT(CountingAllocator::live_bytes(), base);
   }
@@ -104,7 +106,8 @@ TEST_F(Memory, GptBlockKeepsOutputAndCacheOnly) {
   const int64_t base = CountingAllocator::live_bytes();
   auto modes = sac::create_selective_checkpoint_contexts(
       sac::Policy::save_ops({"aten::addmm", "aten::_scaled_dot_product_flash_attention_for_cpu"}));
-  auto options = sac::CheckpointOptions().context_fn([modes] { return sac::RegionContexts(modes); });
+  auto options =
+      sac::CheckpointOptions().context_fn([modes] { return sac::RegionContexts(modes); });
   {
     auto y = sac::checkpoint(options, run, input);
     EXPECT_GT(modes.cache->bytes(), 0u);

@@ -7,6 +7,7 @@
 
 #include <sac/cache/internal/op_cache.h>
 #include <sac/nn/checkpoint_wrapper.h>
+#include <sac/policy/internal/tag_op.h>
 
 #include <functional>
 #include <memory>
@@ -74,8 +75,8 @@ Outcome run(const std::function<at::Tensor(const at::Tensor&)>& fn,
 
 Outcome run(const Chain& c, const sac::Policy& policy,
             std::shared_ptr<sac::CopyTarget> offload_to = nullptr) {
-  return run([&](const at::Tensor& in) { return c.forward(in); }, {c.x, c.w1, c.w2}, c.x,
-             policy, std::move(offload_to));
+  return run([&](const at::Tensor& in) { return c.forward(in); }, {c.x, c.w1, c.w2}, c.x, policy,
+             std::move(offload_to));
 }
 
 // Collects the warnings issued while it lives.
@@ -140,17 +141,18 @@ TEST_F(Names, TagReturnsItsTensorItself) {
 TEST_F(Names, TagChecksItsArguments) {
   EXPECT_NE(error_of([] { sac::tag(at::Tensor(), "h"); }).find("undefined tensor"),
             std::string::npos);
-  EXPECT_NE(error_of([] { sac::tag(torch::ones({1}), ""); }).find("empty name"),
-            std::string::npos);
+  EXPECT_NE(error_of([] { sac::tag(torch::ones({1}), ""); }).find("empty name"), std::string::npos);
 }
 
 TEST_F(Names, NamePoliciesCheckTheirLists) {
-  EXPECT_NE(error_of([] { sac::save_only_these_names({}); }).find("no names"),
+  EXPECT_NE(error_of([] { sac::save_only_these_names({}); }).find("no names"), std::string::npos);
+  EXPECT_NE(error_of([] {
+              sac::save_and_offload_only_these_names({"a", "b"}, {"b"});
+            }).find("'b' is listed both to save and to offload"),
             std::string::npos);
-  EXPECT_NE(error_of([] { sac::save_and_offload_only_these_names({"a", "b"}, {"b"}); })
-                .find("'b' is listed both to save and to offload"),
-            std::string::npos);
-  EXPECT_NE(error_of([] { sac::save_only_these_names({"a", ""}); }).find("empty name"),
+  EXPECT_NE(error_of([] {
+              sac::save_only_these_names({"a", ""});
+            }).find("empty name"),
             std::string::npos);
   EXPECT_EQ(sac::save_and_offload_only_these_names({"a"}, {"b", "c"}).describe(),
             "save_and_offload_only_these_names(save=[a], offload=[b, c])");
@@ -164,8 +166,7 @@ TEST_F(Names, SaveOnlyTheseNamesKeepsTheCallsThatReturnedTheNamedValues) {
   const Chain c;
   const auto expected = c.plain();
   const Outcome none = run(c, sac::nothing_saveable());
-  for (const auto& [names, bytes] :
-       std::vector<std::pair<std::vector<std::string>, int64_t>>{
+  for (const auto& [names, bytes] : std::vector<std::pair<std::vector<std::string>, int64_t>>{
            {{"h1"}, kH1}, {{"r"}, kR}, {{"h2"}, kH2}, {{"h1", "h2"}, kH1 + kH2}}) {
     SCOPED_TRACE(names[0] + " of " + std::to_string(names.size()));
     const Outcome out = run(c, sac::save_only_these_names(names));
@@ -214,8 +215,7 @@ TEST_F(Names, SaveAndOffloadOnlyTheseNamesSavesSomeAndOffloadsOthers) {
   const auto expected = c.plain();
   const Outcome none = run(c, sac::nothing_saveable());
   auto arena = std::make_shared<HostArena>();
-  const Outcome out =
-      run(c, sac::save_and_offload_only_these_names({"h2"}, {"h1", "r"}), arena);
+  const Outcome out = run(c, sac::save_and_offload_only_these_names({"h2"}, {"h1", "r"}), arena);
   EXPECT_EQ(out.kept, none.kept + kH2);
   EXPECT_EQ(out.saved_calls, 3u);
   EXPECT_EQ(arena->copies(), 2);
@@ -241,8 +241,8 @@ TEST_F(Names, AnyOfAddsNamedValuesToAnOpLevelPolicy) {
   const Chain c;
   const auto expected = c.plain();
   const Outcome none = run(c, sac::nothing_saveable());
-  const Outcome out = run(
-      c, sac::any_of({sac::Policy::save_ops({"aten::mm"}), sac::save_only_these_names({"r"})}));
+  const Outcome out =
+      run(c, sac::any_of({sac::Policy::save_ops({"aten::mm"}), sac::save_only_these_names({"r"})}));
   EXPECT_EQ(out.kept, none.kept + kH1 + kR + kH2);
   EXPECT_EQ(out.saved_calls, 3u);
   expect_bit_identical(expected, out.grads);
@@ -283,8 +283,9 @@ TEST_F(Names, CombinatorsApplyToTagAnswers) {
   EXPECT_EQ(offloaded.kept, none.kept + kH2) << "h1 is offloaded, h2 too small";
   EXPECT_EQ(arena->copies(), 1);
   expect_bit_identical(expected, offloaded.grads);
-  const Outcome wide = run(c, sac::for_shapes(sac::save_only_these_names({"h1", "h2"}),
-                                              [](c10::IntArrayRef sizes) { return sizes[1] == 64; }));
+  const Outcome wide =
+      run(c, sac::for_shapes(sac::save_only_these_names({"h1", "h2"}),
+                             [](c10::IntArrayRef sizes) { return sizes[1] == 64; }));
   EXPECT_EQ(wide.kept, none.kept + kH1);
   expect_bit_identical(expected, wide.grads);
 }
@@ -296,9 +297,9 @@ TEST_F(Names, CallbacksAreNotAskedAboutTags) {
   const auto expected = c.plain();
   const Outcome none = run(c, sac::nothing_saveable());
   bool saw_tag = false;
-  const auto callback = sac::Policy::from_fn(
-      [&](const sac::SelectiveCheckpointContext&, const c10::OperatorHandle& op,
-          c10::ArrayRef<c10::IValue>) {
+  const auto callback =
+      sac::Policy::from_fn([&](const sac::SelectiveCheckpointContext&,
+                               const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>) {
         saw_tag = saw_tag || sac::is_tag(op);
         return op.schema().name() == "aten::mm" ? sac::CheckpointPolicy::MustSave
                                                 : sac::CheckpointPolicy::MustRecompute;
@@ -411,8 +412,8 @@ TEST_F(Names, TagsInANestedRegionBelongToTheInnerPolicy) {
   };
   const auto expected = run_and_grad([&] { return fn(c.x); }, {c.x}, {c.w1, c.w2}, 0);
   Warnings warnings;
-  const Outcome out = run(fn, {c.x, c.w1, c.w2}, c.x,
-                          sac::save_only_these_names({"outer_h2", "inner_only_r"}));
+  const Outcome out =
+      run(fn, {c.x, c.w1, c.w2}, c.x, sac::save_only_these_names({"outer_h2", "inner_only_r"}));
   EXPECT_EQ(out.saved_calls, 1u) << "outer_h2";
   EXPECT_EQ(warnings.count("asks for the name 'inner_only_r'"), 1u);
   EXPECT_EQ(warnings.count("'inner_r'"), 0u) << "the inner region tagged it";

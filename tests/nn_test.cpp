@@ -21,7 +21,8 @@ torch::nn::Sequential six_modules() {
 // A policy that counts the calls it is asked about and answers `save`.
 sac::Policy counting_policy(const std::shared_ptr<int>& asked, bool save) {
   return sac::Policy::from_fn([asked, save](const sac::SelectiveCheckpointContext&,
-                                            const c10::OperatorHandle&, c10::ArrayRef<c10::IValue>) {
+                                            const c10::OperatorHandle&,
+                                            c10::ArrayRef<c10::IValue>) {
     ++*asked;
     return save;
   });
@@ -198,7 +199,8 @@ TEST(CheckpointWrapper, TrainEvalToAndCloneReachTheModule) {
   }
   // Cloning clones the module (Linear is Cloneable; Block is not, and says so).
   auto linear = sac::checkpoint_wrapper(torch::nn::Linear(4, 4));
-  auto copy = std::dynamic_pointer_cast<sac::CheckpointWrapperImpl<torch::nn::LinearImpl>>(linear->clone());
+  auto copy =
+      std::dynamic_pointer_cast<sac::CheckpointWrapperImpl<torch::nn::LinearImpl>>(linear->clone());
   ASSERT_NE(copy, nullptr);
   EXPECT_FALSE(copy->module()->weight.is_same(linear->module()->weight));
   expect_same_state(*copy, *linear);
@@ -227,7 +229,9 @@ TEST(CheckpointWrapper, GradientsBitIdenticalUnderEveryPolicy) {
   auto x = torch::randn({3, 2, 8}, torch::requires_grad());  // 3-D: mm, then bias in place
   auto z = torch::randn({5, 6}, torch::requires_grad());
   const auto expected = sac_test::run_and_grad(
-      [&] { return block->forward(x).sum() + scaled->forward(z).sum() + scaled->forward(z, 0.5).sum(); },
+      [&] {
+        return block->forward(x).sum() + scaled->forward(z).sum() + scaled->forward(z, 0.5).sum();
+      },
       {x, z}, block->parameters());
   for (const auto& options :
        {sac::CheckpointOptions(),
@@ -280,7 +284,8 @@ TEST(CheckpointWrapper, HoldsTheSameBytesAsTheFunctionalForm) {
     return Bytes{after_forward, CountingAllocator::peak_bytes() - base};
   };
   auto functional = [&](size_t i, const at::Tensor& h) {
-    return sac::checkpoint([&layers, i](const at::Tensor& in) { return layers[i]->forward(in); }, h);
+    return sac::checkpoint([&layers, i](const at::Tensor& in) { return layers[i]->forward(in); },
+                           h);
   };
   auto wrapper = [&](size_t i, const at::Tensor& h) { return wrapped[i]->forward(h); };
   auto plain = [&](size_t i, const at::Tensor& h) { return layers[i]->forward(h); };
@@ -318,9 +323,7 @@ TEST(CheckpointWrapper, UsesTheScopesOptionsUnlessGivenItsOwn) {
 
 // A module returning two tensors.
 struct SplitImpl : torch::nn::Module {
-  std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& x) {
-    return {x.sin(), x.cos()};
-  }
+  std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& x) { return {x.sin(), x.cos()}; }
 };
 TORCH_MODULE(Split);
 
@@ -344,7 +347,8 @@ TEST(CheckpointWrapper, ATypeErasedWrapperNamesWhatItCannotWrap) {
 // typed member the model calls directly.
 struct NetImpl : torch::nn::Module {
   NetImpl() {
-    trunk = register_module("trunk", torch::nn::Sequential(Block(16), torch::nn::ReLU(), Block(16)));
+    trunk =
+        register_module("trunk", torch::nn::Sequential(Block(16), torch::nn::ReLU(), Block(16)));
     stages = register_module("stages", torch::nn::ModuleList());
     for (int i = 0; i < 2; ++i) {
       stages->push_back(torch::nn::Sequential(Block(16), Block(16)));
@@ -382,7 +386,8 @@ at::Tensor by_hand(Net& net, const at::Tensor& x) {
   };
   auto h = run(net->trunk, x);
   for (const auto& stage : *net->stages) {
-    auto sequential = torch::nn::Sequential(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(stage));
+    auto sequential =
+        torch::nn::Sequential(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(stage));
     h = run(sequential, h);
   }
   return net->head->forward(h);
@@ -395,7 +400,8 @@ TEST(ApplyActivationCheckpointing, WrapsSequentialEntriesAtAnyDepthAndReallyChec
   Net net;
   auto x = torch::randn({32, 16}, torch::requires_grad());
   const auto names = net->named_parameters().keys();
-  const auto expected = sac_test::run_and_grad([&] { return net->forward(x); }, {x}, net->parameters());
+  const auto expected =
+      sac_test::run_and_grad([&] { return net->forward(x); }, {x}, net->parameters());
 
   auto kept_after_forward = [&](const std::function<at::Tensor()>& forward) {
     forward().sum().backward();  // warm-up
@@ -421,7 +427,8 @@ TEST(ApplyActivationCheckpointing, WrapsSequentialEntriesAtAnyDepthAndReallyChec
   // output (32 x 32, for gelu), gelu's output (for out's addmm), out's output
   // (for the product with gain).
   EXPECT_EQ(applied, 6 * 32 * 16 * 4 + (32 * 32 + 32 * 32 + 32 * 16) * 4);
-  const auto actual = sac_test::run_and_grad([&] { return net->forward(x); }, {x}, net->parameters());
+  const auto actual =
+      sac_test::run_and_grad([&] { return net->forward(x); }, {x}, net->parameters());
   sac_test::expect_bit_identical(expected, actual);
 }
 
@@ -438,18 +445,21 @@ TEST(ApplyActivationCheckpointing, NestedChoicesAndTheScope) {
   torch::manual_seed(0);
   torch::nn::Sequential model(Stack(), Block(8));
   auto x = torch::randn({4, 8}, torch::requires_grad());
-  const auto expected = sac_test::run_and_grad([&] { return model->forward(x); }, {x}, model->parameters());
+  const auto expected =
+      sac_test::run_and_grad([&] { return model->forward(x); }, {x}, model->parameters());
   // The stack, the two blocks inside it, the last block.
   const auto names = model->named_parameters().keys();
   EXPECT_EQ(sac::apply_activation_checkpointing(
-                model, [](const std::string& name, const torch::nn::Module&) {
+                model,
+                [](const std::string& name, const torch::nn::Module&) {
                   return name == "0" || name == "0.layers.0" || name == "0.layers.1" || name == "1";
                 }),
             4);
   EXPECT_EQ(model->named_parameters().keys(), names);
   auto asked = std::make_shared<int>(0);
   sac::CheckpointScope scope(sac::CheckpointOptions().policy(counting_policy(asked, true)));
-  const auto actual = sac_test::run_and_grad([&] { return model->forward(x); }, {x}, model->parameters());
+  const auto actual =
+      sac_test::run_and_grad([&] { return model->forward(x); }, {x}, model->parameters());
   sac_test::expect_bit_identical(expected, actual);
   EXPECT_GT(*asked, 0) << "the wrappers use the scope's options";
 }
@@ -457,9 +467,8 @@ TEST(ApplyActivationCheckpointing, NestedChoicesAndTheScope) {
 TEST(ApplyActivationCheckpointing, ModulesCalledThroughTheirTypeAreAnErrorAndNothingChanges) {
   Net net;
   const auto names = net->named_parameters().keys();
-  const auto message = sac_test::error_of([&] {
-    sac::apply_activation_checkpointing(net, sac::modules_of_type<BlockImpl>());
-  });
+  const auto message = sac_test::error_of(
+      [&] { sac::apply_activation_checkpointing(net, sac::modules_of_type<BlockImpl>()); });
   EXPECT_NE(message.find("\n  `head` ("), std::string::npos) << message;
   EXPECT_NE(message.find("BlockImpl), a child of the root module"), std::string::npos) << message;
   EXPECT_NE(message.find("sac::CheckpointWrapper<"), std::string::npos) << message;
@@ -468,8 +477,9 @@ TEST(ApplyActivationCheckpointing, ModulesCalledThroughTheirTypeAreAnErrorAndNot
   EXPECT_NE(net->trunk->ptr(0)->as<BlockImpl>(), nullptr) << "the trunk's blocks stay unwrapped";
 
   const auto list_message = sac_test::error_of([&] {
-    sac::apply_activation_checkpointing(
-        net, [](const std::string& name, const torch::nn::Module&) { return name == "stages.1"; });
+    sac::apply_activation_checkpointing(net, [](const std::string& name, const torch::nn::Module&) {
+      return name == "stages.1";
+    });
   });
   EXPECT_NE(list_message.find("`stages.1` (torch::nn::SequentialImpl), an entry of the "
                               "torch::nn::ModuleList `stages`"),

@@ -40,7 +40,7 @@ struct Outcome {
 };
 
 Outcome run(Net& net, const at::Tensor& x, const std::function<at::Tensor()>& forward,
-        const HostArena* arena = nullptr) {
+            const HostArena* arena = nullptr) {
   Outcome result;
   const int64_t base = CountingAllocator::live_bytes();
   at::Tensor y = forward();
@@ -64,7 +64,8 @@ TEST(OffloadGuard, SavedTensorsLiveInTheTargetAndComeBackBitIdentical) {
   const Outcome offloaded = run(
       net, x,
       [&] {
-        sac::OffloadGuard offload(sac::OffloadOptions().target(arena).keep(net.parameters()));
+        sac::OffloadGuard offload(
+            sac::OffloadOptions().target(arena).leave_in_place(net.parameters()));
         return net.forward(x);
       },
       arena.get());
@@ -84,7 +85,8 @@ TEST(OffloadGuard, ComposesWithASelectivePolicy) {
   auto x = torch::randn({16, 32}, torch::requires_grad());
   auto policy = sac::CheckpointOptions().policy(sac::Policy::save_ops({"aten::addmm"}));
   auto checkpointed = [&] {
-    return sac::checkpoint(policy, [&](const at::Tensor& in) { return net.forward(in); }, x);
+    return sac::checkpoint(
+        policy, [&](const at::Tensor& in) { return net.forward(in); }, x);
   };
   const Outcome plain = run(net, x, [&] { return net.forward(x); });
   const Outcome on_device = run(net, x, checkpointed);
@@ -96,7 +98,8 @@ TEST(OffloadGuard, ComposesWithASelectivePolicy) {
   const Outcome offloaded = run(
       net, x,
       [&] {
-        sac::OffloadGuard offload(sac::OffloadOptions().target(arena).keep(net.parameters()));
+        sac::OffloadGuard offload(
+            sac::OffloadOptions().target(arena).leave_in_place(net.parameters()));
         return checkpointed();
       },
       arena.get());
@@ -120,7 +123,7 @@ TEST(OffloadGuard, SmallTensorsStayAndTheTargetDecides) {
       net, x,
       [&] {
         sac::OffloadGuard offload(
-            sac::OffloadOptions().target(arena).keep(net.parameters()).min_bytes(4096));
+            sac::OffloadOptions().target(arena).leave_in_place(net.parameters()).min_bytes(4096));
         return net.forward(x);
       },
       arena.get());
@@ -193,8 +196,8 @@ TEST(OffloadWrapper, KeepsNamesLeavesParametersAndComposesWithTheCheckpointWrapp
   auto arena = std::make_shared<HostArena>();
   auto offloaded = sac::offload_wrapper(block, sac::OffloadOptions().target(arena));
   auto both = sac::offload_wrapper(
-      sac::checkpoint_wrapper(block, sac::CheckpointOptions().policy(
-                                         sac::Policy::save_ops({"aten::addmm"}))),
+      sac::checkpoint_wrapper(
+          block, sac::CheckpointOptions().policy(sac::Policy::save_ops({"aten::addmm"}))),
       sac::OffloadOptions().target(arena));
   const auto names = block->named_parameters().keys();
   EXPECT_EQ(offloaded->named_parameters().keys(), names);
@@ -203,8 +206,8 @@ TEST(OffloadWrapper, KeepsNamesLeavesParametersAndComposesWithTheCheckpointWrapp
   auto x = torch::randn({16, 32}, torch::requires_grad());
   auto params = block->parameters();
   const auto expected = sac_test::run_and_grad([&] { return block->forward(x); }, {x}, params);
-  const std::vector<std::function<at::Tensor()>> wrapped = {
-      [&] { return offloaded->forward(x); }, [&] { return both->forward(x); }};
+  const std::vector<std::function<at::Tensor()>> wrapped = {[&] { return offloaded->forward(x); },
+                                                            [&] { return both->forward(x); }};
   for (size_t i = 0; i < wrapped.size(); ++i) {
     const auto& forward = wrapped[i];
     const int64_t base = CountingAllocator::live_bytes();

@@ -4,6 +4,8 @@
 #include "tests/support.h"
 
 #include <sac/sac.h>
+#include <sac/policy/presets.h>
+#include <sac/lab.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -15,8 +17,8 @@
 
 namespace {
 
-using sac_test::CountingAllocator;
 using sac_test::counting_probe;
+using sac_test::CountingAllocator;
 using Body = std::function<at::Tensor(const at::Tensor&)>;
 
 class PeakModel : public sac_test::CountingAllocatorTest {};
@@ -90,9 +92,9 @@ at::Tensor param(std::vector<int64_t> sizes) {
 void expect_exact(Regions& model) {
   const sac::StepPhases phases = model.measure();
   const size_t n = model.bodies.size();
-  for (const auto& policy : {sac::nothing_saveable(), sac::everything_saveable(),
-                             sac::dots_saveable(), sac::compute_intensive_ops(),
-                             sac::outputs_larger_than(4096)}) {
+  for (const auto& policy :
+       {sac::nothing_saveable(), sac::everything_saveable(), sac::dots_saveable(),
+        sac::compute_intensive_ops(), sac::outputs_larger_than(4096)}) {
     SCOPED_TRACE(policy.describe());
     EXPECT_EQ(phases.predict_peak(model.explained(policy)),
               model.measured_peak(std::vector<sac::Policy>(n, policy)));
@@ -271,7 +273,8 @@ TEST_F(PeakModel, WhatTheModelDoesNotCoverIsRefused) {
   message = sac_test::error_of(
       [&] { phases.predict_peak(model.explained(sac::Policy::save_ops({"aten::_unsafe_view"}))); });
   EXPECT_NE(message.find("lies on the storage of an earlier call that the plan recomputes"),
-            std::string::npos) << message;
+            std::string::npos)
+      << message;
 }
 
 // The counting allocator's reports are what the step is recorded from; an
@@ -282,9 +285,8 @@ TEST_F(PeakModel, AProbeTheReportsDisagreeWithIsRefused) {
   model.x = torch::randn({16, 16}, torch::requires_grad());
   sac::MemoryProbe lying = counting_probe();
   lying.peak = [] { return CountingAllocator::peak_bytes() + 1; };
-  const std::string message = sac_test::error_of([&] {
-    sac::measure_step_phases(lying, [&] { model.step({sac::nothing_saveable()}); });
-  });
+  const std::string message = sac_test::error_of(
+      [&] { sac::measure_step_phases(lying, [&] { model.step({sac::nothing_saveable()}); }); });
   EXPECT_NE(message.find("does not report every allocation"), std::string::npos) << message;
 }
 

@@ -4,6 +4,8 @@
 #include "tests/support.h"
 
 #include <sac/sac.h>
+#include <sac/policy/presets.h>
+#include <sac/lab.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -19,8 +21,8 @@
 
 namespace {
 
-using sac_test::CountingAllocator;
 using sac_test::counting_probe;
+using sac_test::CountingAllocator;
 using sac_test::GptBlock;
 
 class Peak : public sac_test::CountingAllocatorTest {};
@@ -83,8 +85,9 @@ struct Model {
     torch::manual_seed(7);
     at::Tensor h = x;
     for (GptBlock& block : blocks) {
-      h = sac::checkpoint(sac::CheckpointOptions().policy(policies[&block - blocks.data()]),
-                          [&block](const at::Tensor& in) { return block->forward(in); }, h);
+      h = sac::checkpoint(
+          sac::CheckpointOptions().policy(policies[&block - blocks.data()]),
+          [&block](const at::Tensor& in) { return block->forward(in); }, h);
     }
     h.sum().backward();
   }
@@ -164,8 +167,7 @@ TEST_F(Peak, PlansForAPeakBudgetFitIt) {
               << (plan.exact ? 0.0 : plan.gap_seconds * 1e3) << ", " << plan.byte_budgets_tried
               << " byte budgets, " << plan.solver_seconds * 1e3 << " ms\n";
   }
-  const std::string message =
-      sac_test::error_of([&] { phases.plan_for_peak(profiles, low - 1); });
+  const std::string message = sac_test::error_of([&] { phases.plan_for_peak(profiles, low - 1); });
   EXPECT_NE(message.find("no plan of what to keep fits"), std::string::npos) << message;
 }
 
@@ -249,7 +251,8 @@ int64_t mid_budget(Model& model) {
 TEST_F(Peak, PlansFollowTheShapeOfTheData) {
   Model model;
   const int64_t budget = mid_budget(model);
-  follow_changing_lengths(model, [&] { return budget; }, [&] { return budget; });
+  follow_changing_lengths(
+      model, [&] { return budget; }, [&] { return budget; });
 }
 
 // The same with the budget read from free memory at each solve: a device of
@@ -312,11 +315,10 @@ TEST_F(Peak, TheDeviceProbeReadsTheCachingAllocator) {
   EXPECT_EQ(fake.peaks_reset, std::vector<c10::DeviceIndex>{1});
 
   std::string message = sac_test::error_of([] { sac::device_memory_probe(c10::kCPU); });
-  EXPECT_NE(message.find("the CPU has no caching device allocator"), std::string::npos)
-      << message;
+  EXPECT_NE(message.find("the CPU has no caching device allocator"), std::string::npos) << message;
   message = sac_test::error_of([] { sac::device_memory_probe(c10::Device(c10::kIPU, 0)); });
-  EXPECT_NE(message.find("has no caching device allocator (none is registered"),
-            std::string::npos) << message;
+  EXPECT_NE(message.find("has no caching device allocator (none is registered"), std::string::npos)
+      << message;
 }
 
 TEST_F(Peak, APlanForOtherRegionsIsAClearError) {

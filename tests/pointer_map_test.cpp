@@ -19,8 +19,7 @@ namespace {
 const void* address(size_t i) { return reinterpret_cast<const void*>(0x10000 + 0x90 * i); }
 
 template <class V>
-void expect_same(sac::PointerMap<V>& map, const std::map<const void*, V>& reference,
-                 size_t keys) {
+void expect_same(sac::PointerMap<V>& map, const std::map<const void*, V>& reference, size_t keys) {
   ASSERT_EQ(map.size(), reference.size());
   for (size_t i = 0; i < keys; ++i) {
     const auto it = reference.find(address(i));

@@ -1,4 +1,4 @@
-// The policy layer (op names, Policy) and the decisions of the selective
+// The policy floor (op names, Policy) and the decisions of the selective
 // modes: the policy asked once after each call with its outputs, replay of
 // the forward's decisions, the cache served to a recomputation, in-place
 // changes to cached values, and random ops.
@@ -7,6 +7,8 @@
 #include <sac/cache/internal/op_cache.h>
 #include <sac/policy/internal/op_names.h>
 #include <sac/policy/internal/op_traits.h>
+#include <sac/policy/internal/answers.h>
+#include <sac/dispatch/internal/placement.h>
 
 #include <torch/library.h>
 
@@ -155,9 +157,7 @@ TEST_F(PolicyTest, SaveOpsRejectsCompositeImplicitOpsWithNestedTensorKernels) {
   expect_rejected("aten::matmul", "decomposes into other ops above autograd");
 }
 
-TEST_F(PolicyTest, SaveOpsRejectsIgnoredOps) {
-  expect_rejected("aten::detach", "ignores it");
-}
+TEST_F(PolicyTest, SaveOpsRejectsIgnoredOps) { expect_rejected("aten::detach", "ignores it"); }
 
 TEST_F(PolicyTest, SaveOpsRejectsEmptyList) {
   const auto msg = error_of([] { sac::Policy::save_ops({}); });
@@ -229,9 +229,9 @@ TEST_F(PolicyTest, CallbackSeesContextOpAndArgs) {
   sac::SelectiveCheckpointContext seen_ctx;
   std::string seen_op;
   size_t seen_args = 0;
-  const auto policy = sac::Policy::from_fn(
-      [&](const sac::SelectiveCheckpointContext& ctx, const c10::OperatorHandle& op,
-          c10::ArrayRef<c10::IValue> args) {
+  const auto policy =
+      sac::Policy::from_fn([&](const sac::SelectiveCheckpointContext& ctx,
+                               const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
         seen_ctx = ctx;
         seen_op = c10::toString(op.operator_name());
         seen_args = args.size();
@@ -264,15 +264,14 @@ at::Tensor mm_chain(const at::Tensor& x, const at::Tensor& w, int n) {
 
 // What a counting policy has been asked.
 struct Asked {
-  int calls = 0;               // all calls
-  int mm_calls = 0;            // calls about aten::mm
+  int calls = 0;     // all calls
+  int mm_calls = 0;  // calls about aten::mm
 };
 
 // Saves every other aten::mm call; its count is shared by all passes.
 sac::Policy every_other_mm(const std::shared_ptr<Asked>& asked) {
   return sac::Policy::from_fn([asked](const sac::SelectiveCheckpointContext&,
-                                      const c10::OperatorHandle& op,
-                                      c10::ArrayRef<c10::IValue>) {
+                                      const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>) {
     ++asked->calls;
     if (op.operator_name().name != "aten::mm") {
       return false;
@@ -327,9 +326,9 @@ TEST_F(PolicyTest, CallbackSeesTheOpOutputAndCallIndexOnceInForward) {
     std::vector<size_t> calls;        // their indices
   };
   auto seen = std::make_shared<Seen>();
-  const auto policy = sac::Policy::from_fn(
-      [seen](const sac::SelectiveCheckpointContext& ctx, const c10::OperatorHandle& op,
-             c10::ArrayRef<c10::IValue> args) {
+  const auto policy =
+      sac::Policy::from_fn([seen](const sac::SelectiveCheckpointContext& ctx,
+                                  const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
         if (op.operator_name().name != "aten::mm") {
           return sac::CheckpointPolicy::PreferRecompute;
         }
@@ -340,17 +339,18 @@ TEST_F(PolicyTest, CallbackSeesTheOpOutputAndCallIndexOnceInForward) {
         return sac::CheckpointPolicy::MustSave;
       });
   std::vector<at::Tensor> returned;  // what each mm returned to the caller
-  auto y = sac::checkpoint(sac::CheckpointOptions().policy(policy),
-                           [&](const at::Tensor& x) {
-                             at::Tensor h = x;
-                             for (int i = 0; i < kMatmuls; ++i) {
-                               h = h.mm(in.w);
-                               returned.push_back(h);
-                               h = h.tanh();
-                             }
-                             return h;
-                           },
-                           in.x);
+  auto y = sac::checkpoint(
+      sac::CheckpointOptions().policy(policy),
+      [&](const at::Tensor& x) {
+        at::Tensor h = x;
+        for (int i = 0; i < kMatmuls; ++i) {
+          h = h.mm(in.w);
+          returned.push_back(h);
+          h = h.tanh();
+        }
+        return h;
+      },
+      in.x);
   ASSERT_EQ(seen->outputs.size(), static_cast<size_t>(kMatmuls));
   for (int i = 0; i < kMatmuls; ++i) {
     EXPECT_EQ(seen->calls[i], static_cast<size_t>(i));
@@ -383,7 +383,7 @@ TEST_F(PolicyTest, CachedModeServesForwardOutputWithoutRecomputing) {
   auto modes = sac::create_selective_checkpoint_contexts(sac::Policy::save_ops({"aten::mm"}));
   at::Tensor y;
   {
-    sac::ContextScope scope(modes.caching.get());
+    sac::RegionContext::Scope scope(modes.caching.get());
     y = a.mm(b);
   }
   EXPECT_EQ(modes.cache->saved_calls(), 1u);
@@ -392,7 +392,7 @@ TEST_F(PolicyTest, CachedModeServesForwardOutputWithoutRecomputing) {
 
   at::Tensor y2;
   {
-    sac::ContextScope scope(modes.cached.get());
+    sac::RegionContext::Scope scope(modes.cached.get());
     y2 = a.mm(b);
   }
   EXPECT_TRUE(torch::equal(y2, y));
@@ -409,14 +409,14 @@ TEST_F(PolicyTest, CachedModeRecomputesCallsThePolicyDidNotSave) {
   const auto bias = at::ones({3});
   at::Tensor y, z;
   {
-    sac::ContextScope scope(modes.caching.get());
+    sac::RegionContext::Scope scope(modes.caching.get());
     y = a.mm(b);
     z = at::addmm(bias, a, b);
   }
   EXPECT_EQ(modes.cache->saved_calls(), 1u);
   at::Tensor y2, z2;
   {
-    sac::ContextScope scope(modes.cached.get());
+    sac::RegionContext::Scope scope(modes.cached.get());
     y2 = a.mm(b);
     z2 = at::addmm(bias, a, b);
   }
@@ -431,14 +431,14 @@ TEST_F(PolicyTest, CachedModeRefusesASecondBackward) {
   const at::Tensor& b = ab.b;
   auto modes = sac::create_selective_checkpoint_contexts(sac::Policy::save_ops({"aten::mm"}));
   {
-    sac::ContextScope scope(modes.caching.get());
+    sac::RegionContext::Scope scope(modes.caching.get());
     a.mm(b);
   }
   {
-    sac::ContextScope scope(modes.cached.get());
+    sac::RegionContext::Scope scope(modes.cached.get());
     a.mm(b);
   }
-  sac::ContextScope scope(modes.cached.get());
+  sac::RegionContext::Scope scope(modes.cached.get());
   const auto msg = error_of([&] { a.mm(b); });
   EXPECT_TRUE(contains(msg, "extra time")) << msg;
   EXPECT_TRUE(contains(msg, "aten::mm")) << msg;
@@ -449,14 +449,14 @@ TEST_F(PolicyTest, CachedModeRejectsOpNeverRunInForward) {
   const auto ab = operands();
   const at::Tensor& a = ab.a;
   const at::Tensor& b = ab.b;
-  auto modes = sac::create_selective_checkpoint_contexts(
-      sac::Policy::save_ops({"aten::mm", "aten::addmm"}));
+  auto modes =
+      sac::create_selective_checkpoint_contexts(sac::Policy::save_ops({"aten::mm", "aten::addmm"}));
   {
-    sac::ContextScope scope(modes.caching.get());
+    sac::RegionContext::Scope scope(modes.caching.get());
     a.mm(b);
   }
   const auto bias = at::ones({3});  // outside the mode: it is an op too
-  sac::ContextScope scope(modes.cached.get());
+  sac::RegionContext::Scope scope(modes.cached.get());
   const auto msg = error_of([&] { at::addmm(bias, a, b); });
   EXPECT_TRUE(contains(msg, "aten::addmm")) << msg;
   EXPECT_TRUE(contains(msg, "never in the checkpointed forward")) << msg;
@@ -469,10 +469,10 @@ TEST_F(PolicyTest, CachedModeRejectsMoreCallsThanForward) {
   const at::Tensor& b = ab.b;
   auto modes = sac::create_selective_checkpoint_contexts(sac::Policy::save_ops({"aten::mm"}));
   {
-    sac::ContextScope scope(modes.caching.get());
+    sac::RegionContext::Scope scope(modes.caching.get());
     a.mm(b);
   }
-  sac::ContextScope scope(modes.cached.get());
+  sac::RegionContext::Scope scope(modes.cached.get());
   a.mm(b);
   const auto msg = error_of([&] { a.mm(b); });
   EXPECT_TRUE(contains(msg, "aten::mm")) << msg;
@@ -486,12 +486,12 @@ TEST_F(PolicyTest, CachedValueModifiedAfterForwardIsAnError) {
   auto modes = sac::create_selective_checkpoint_contexts(sac::Policy::save_ops({"aten::mm"}));
   at::Tensor y;
   {
-    sac::ContextScope scope(modes.caching.get());
+    sac::RegionContext::Scope scope(modes.caching.get());
     y = a.mm(b);
   }
   EXPECT_EQ(modes.cache->saved_calls(), 1u);
   y.add_(1);
-  sac::ContextScope scope(modes.cached.get());
+  sac::RegionContext::Scope scope(modes.cached.get());
   const auto msg = error_of([&] { a.mm(b); });
   EXPECT_TRUE(contains(msg, "modified in place")) << msg;
   EXPECT_TRUE(contains(msg, "allow_cache_entry_mutation")) << msg;
@@ -505,13 +505,13 @@ TEST_F(PolicyTest, CachedValueModifiedAfterForwardIsServedWhenAllowed) {
                                                          /*allow_cache_entry_mutation=*/true);
   at::Tensor y;
   {
-    sac::ContextScope scope(modes.caching.get());
+    sac::RegionContext::Scope scope(modes.caching.get());
     y = a.mm(b);
   }
   y.add_(1);
   at::Tensor y2;
   {
-    sac::ContextScope scope(modes.cached.get());
+    sac::RegionContext::Scope scope(modes.cached.get());
     ASSERT_NO_THROW(y2 = a.mm(b));
   }
   EXPECT_TRUE(torch::equal(y2, a.mm(b) + 1));
@@ -524,7 +524,7 @@ TEST_F(PolicyTest, CachedValueModifiedDuringForwardIsDemoted) {
   const at::Tensor& b = ab.b;
   auto modes = sac::create_selective_checkpoint_contexts(sac::Policy::save_ops({"aten::mm"}));
   {
-    sac::ContextScope scope(modes.caching.get());
+    sac::RegionContext::Scope scope(modes.caching.get());
     auto y = a.mm(b);
     y.mul_(2);
     EXPECT_EQ(modes.cache->saved_calls(), 1u);  // demoted only on exit
@@ -535,7 +535,7 @@ TEST_F(PolicyTest, CachedValueModifiedDuringForwardIsDemoted) {
   // The demoted call is recomputed.
   at::Tensor y2;
   {
-    sac::ContextScope scope(modes.cached.get());
+    sac::RegionContext::Scope scope(modes.cached.get());
     ASSERT_NO_THROW(y2 = a.mm(b));
   }
   EXPECT_TRUE(torch::equal(y2, a.mm(b)));
@@ -600,7 +600,8 @@ TEST_F(PolicyTest, SaveOpsNamingAFactoryOpIsRefusedUnderPerOpKernelsOnly) {
                            .policy(sac::Policy::save_ops({"aten::arange", "aten::mul.Tensor"}))
                            .statistics(stats);
   const auto expected = sac_test::run_and_grad([&] { return f(x); }, {x}, {});
-  const auto actual = sac_test::run_and_grad([&] { return sac::checkpoint(options, f, x); }, {x}, {});
+  const auto actual =
+      sac_test::run_and_grad([&] { return sac::checkpoint(options, f, x); }, {x}, {});
   sac_test::expect_bit_identical(expected, actual);
   EXPECT_EQ(stats->read().calls_saved, 2u);  // arange and mul
 }
@@ -615,9 +616,9 @@ TEST_F(PolicyTest, ACallbackKeepingAFactoryOpIsWarnedUnderPerOpKernelsOnly) {
   c10::WarningUtils::WarningHandlerGuard guard(&warnings);
   auto x = torch::randn({4}, torch::requires_grad());
   auto f = [](const at::Tensor& a) { return (a * at::zeros({4}).add(1.5)).sin(); };
-  const auto options = sac::CheckpointOptions().policy(sac::Policy::from_fn(
-      [](const sac::SelectiveCheckpointContext&, const c10::OperatorHandle&,
-         c10::ArrayRef<c10::IValue>) { return true; }));
+  const auto options = sac::CheckpointOptions().policy(
+      sac::Policy::from_fn([](const sac::SelectiveCheckpointContext&, const c10::OperatorHandle&,
+                              c10::ArrayRef<c10::IValue>) { return true; }));
   for (int i = 0; i < 2; ++i) {
     sac_test::run_and_grad([&] { return sac::checkpoint(options, f, x); }, {x}, {});
   }

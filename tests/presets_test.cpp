@@ -63,16 +63,19 @@ TEST_F(Vocabulary, AllOfKeepsTheLeast) {
             P::PreferRecompute);
   EXPECT_EQ(answer(sac::all_of({mm_gets(P::MustSave), mm_gets(P::PreferRecompute)}), "aten::mm"),
             P::PreferRecompute);
-  EXPECT_EQ(answer(sac::all_of({mm_gets(P::PreferRecompute), mm_gets(P::MustRecompute)}), "aten::mm"),
+  EXPECT_EQ(answer(sac::all_of({mm_gets(P::PreferRecompute), mm_gets(P::MustRecompute)}),
+                   "aten::mm"),
             P::MustRecompute);
 }
 
 TEST_F(Vocabulary, APolicyOutsideItsDomainAnswersPreferRecompute) {
   // addmm is only in the second policy's domain.
-  const auto either = sac::any_of({sac::Policy::save_ops({"aten::mm"}), sac::Policy::save_ops({"aten::addmm"})});
+  const auto either =
+      sac::any_of({sac::Policy::save_ops({"aten::mm"}), sac::Policy::save_ops({"aten::addmm"})});
   EXPECT_EQ(answer(either, "aten::addmm"), CheckpointPolicy::MustSave);
   EXPECT_FALSE(either.decides_about(op_of("aten::relu")));
-  const auto both = sac::all_of({sac::Policy::save_ops({"aten::mm"}), sac::Policy::save_ops({"aten::addmm"})});
+  const auto both =
+      sac::all_of({sac::Policy::save_ops({"aten::mm"}), sac::Policy::save_ops({"aten::addmm"})});
   EXPECT_EQ(answer(both, "aten::addmm"), CheckpointPolicy::PreferRecompute);
   EXPECT_EQ(either.describe(), "any_of(save_ops(aten::mm), save_ops(aten::addmm))");
 }
@@ -81,7 +84,8 @@ TEST_F(Vocabulary, CombinatorsRejectEmptyInput) {
   EXPECT_NE(error_of([] { sac::any_of({}); }).find("got no policies"), std::string::npos);
   EXPECT_NE(error_of([] { sac::all_of({}); }).find("got no policies"), std::string::npos);
   EXPECT_NE(error_of([] { sac::every_nth("aten::mm", 0); }).find("at least 1"), std::string::npos);
-  EXPECT_NE(error_of([] { sac::every_nth("aten::nope", 2); }).find("aten::nope"), std::string::npos);
+  EXPECT_NE(error_of([] { sac::every_nth("aten::nope", 2); }).find("aten::nope"),
+            std::string::npos);
   EXPECT_NE(error_of([] { sac::for_shapes(sac::everything_saveable(), nullptr); }).find("empty"),
             std::string::npos);
 }
@@ -119,9 +123,10 @@ TEST_F(Vocabulary, ForShapesKeepsOnlyMatchingOutputs) {
 
 TEST_F(Vocabulary, OffloadIfTurnsSavesIntoOffloadsOfTheSameStrength) {
   const auto big = [](const at::Tensor& t) { return t.numel() >= 32; };
-  const auto p = sac::offload_if(sac::any_of({sac::Policy::save_ops({"aten::mm"}),
-                                              sac::Policy::answer_ops({"aten::addmm"}, CheckpointPolicy::PreferSave)}),
-                                 big);
+  const auto p = sac::offload_if(
+      sac::any_of({sac::Policy::save_ops({"aten::mm"}),
+                   sac::Policy::answer_ops({"aten::addmm"}, CheckpointPolicy::PreferSave)}),
+      big);
   EXPECT_EQ(answer(p, "aten::mm", 0, at::ones({4, 8})), CheckpointPolicy::MustCpuOffload);
   EXPECT_EQ(answer(p, "aten::mm", 0, at::ones({2, 8})), CheckpointPolicy::MustSave);
   EXPECT_EQ(answer(p, "aten::addmm", 0, at::ones({4, 8})), CheckpointPolicy::PreferCpuOffload);
@@ -144,8 +149,8 @@ TEST_F(Vocabulary, NothingAndEverythingSaveable) {
 
 TEST_F(Vocabulary, ComputeIntensiveOps) {
   const auto p = sac::compute_intensive_ops();
-  for (const char* op : {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm", "aten::convolution",
-                         "aten::_scaled_dot_product_flash_attention_for_cpu",
+  for (const char* op : {"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm",
+                         "aten::convolution", "aten::_scaled_dot_product_flash_attention_for_cpu",
                          "aten::_scaled_dot_product_efficient_attention"}) {
     EXPECT_EQ(answer(p, op), CheckpointPolicy::MustSave) << op;
   }
@@ -176,7 +181,8 @@ TEST_F(Vocabulary, JaxDots) {
 
 TEST_F(Vocabulary, OutputsLargerThan) {
   const auto p = sac::outputs_larger_than(127);
-  EXPECT_EQ(answer(p, "aten::relu", 0, at::ones({4, 8})), CheckpointPolicy::PreferSave);  // 128 bytes
+  EXPECT_EQ(answer(p, "aten::relu", 0, at::ones({4, 8})),
+            CheckpointPolicy::PreferSave);  // 128 bytes
   EXPECT_EQ(answer(p, "aten::relu", 0, at::ones({4, 7})), CheckpointPolicy::PreferRecompute);
 }
 
@@ -205,11 +211,11 @@ struct Model {
   }
   at::Tensor forward(const at::Tensor& in) const {
     auto h = torch::conv2d(in, conv, {}, 1, 1).flatten(1);  // [2, 144]
-    h = torch::addmm(b1, h, w1).relu();                      // [2, 32]
-    h = h.mm(w2).tanh().mm(w2);                              // two mm
+    h = torch::addmm(b1, h, w1).relu();                     // [2, 32]
+    h = h.mm(w2).tanh().mm(w2);                             // two mm
     auto q = h.view({2, 1, 4, 8});
     auto att = torch::scaled_dot_product_attention(q, q, q).reshape({2, 4, 8});
-    auto scores = torch::bmm(att, att.transpose(1, 2));      // [2, 4, 4]
+    auto scores = torch::bmm(att, att.transpose(1, 2));  // [2, 4, 4]
     return std::get<0>(scores.flatten(1).topk(3, 1)).sum() + scores.max() + att.sin().sum();
   }
   std::vector<at::Tensor> params() const { return {conv, w1, b1, w2}; }
@@ -226,8 +232,8 @@ std::map<std::string, sac::Policy> every_policy() {
       {"dots_with_no_batch_dims_saveable", sac::dots_with_no_batch_dims_saveable()},
       {"offload_dot_with_no_batch_dims", sac::offload_dot_with_no_batch_dims()},
       {"outputs_larger_than", sac::outputs_larger_than(64)},
-      {"never_recompute_collectives", sac::any_of({sac::Policy::save_ops({"aten::bmm"}),
-                                                   sac::never_recompute_collectives()})},
+      {"never_recompute_collectives",
+       sac::any_of({sac::Policy::save_ops({"aten::bmm"}), sac::never_recompute_collectives()})},
       {"any_of", sac::any_of({sac::dots_saveable(), sac::Policy::save_ops({"aten::relu"})})},
       {"all_of", sac::all_of({sac::everything_saveable(), sac::outputs_larger_than(32)})},
       {"except", sac::except(sac::everything_saveable(), sac::Policy::save_ops({"aten::tanh"}))},
@@ -246,7 +252,7 @@ class Copies final : public sac::CopyTarget {
     ++copies;
     return at::empty_strided(t.sizes(), t.strides(), t.options()).copy_(t);
   }
-  at::Tensor copy_back(const at::Tensor& c, const sac::CopiedFrom& from) override {
+  at::Tensor copy_back(const at::Tensor& c, const sac::CopyTarget::Origin& from) override {
     return at::empty_strided(c.sizes(), from.strides, c.options().device(from.device)).copy_(c);
   }
   int copies = 0;
@@ -260,7 +266,10 @@ TEST_F(Vocabulary, EveryPolicyGivesBitIdenticalGradientsThroughCheckpointAndScop
     auto copies = std::make_shared<Copies>();
     const auto options = sac::CheckpointOptions().policy(policy).offload_to(copies);
     const auto actual = run_and_grad(
-        [&] { return sac::checkpoint(options, [&](const at::Tensor& in) { return m.forward(in); }, m.x); },
+        [&] {
+          return sac::checkpoint(
+              options, [&](const at::Tensor& in) { return m.forward(in); }, m.x);
+        },
         {m.x}, m.params());
     expect_bit_identical(expected, actual);
     if (name.find("offload") != std::string::npos) {

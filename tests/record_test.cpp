@@ -1,4 +1,4 @@
-// The record layer on its own: how tensors are traced to the calls that
+// The record floor on its own: how tensors are traced to the calls that
 // made them, and that replay computes the same values.
 #include "support.h"
 
@@ -59,12 +59,12 @@ bool record_available() {
   return sac::dispatch::observers_see_every_op();
 }
 
-#define REQUIRE_RECORD()                                                 \
-  if (!record_available()) {                                             \
-    std::string why;                                                     \
-    EXPECT_FALSE(sac::dispatch::observers_see_every_op(&why));           \
-    EXPECT_NE(why.find("never see views"), std::string::npos) << why;    \
-    return;                                                              \
+#define REQUIRE_RECORD()                                              \
+  if (!record_available()) {                                          \
+    std::string why;                                                  \
+    EXPECT_FALSE(sac::dispatch::observers_see_every_op(&why));        \
+    EXPECT_NE(why.find("never see views"), std::string::npos) << why; \
+    return;                                                           \
   }
 
 TEST(Record, ViewsAndInPlaceOpsAreCallsOnValues) {

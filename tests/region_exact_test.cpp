@@ -124,11 +124,11 @@ TEST(RegionExact, HostAndOpWritesToTheSameMemoryAreReplayedInOrder) {
 TEST(RegionExact, OutsideViewsKeptByAnOffloadTargetStayViewsOfOneCopy) {
   if (!region_available()) return;
   auto w = torch::randn({4, 3}, torch::requires_grad());
-  auto x = w * 1.5;                 // made before the region
-  auto v = x.narrow(1, 2, 1);       // a view of it, before the region too
+  auto x = w * 1.5;            // made before the region
+  auto v = x.narrow(1, 2, 1);  // a view of it, before the region too
   // The view is read first: the whole tensor is then an alias of its memory.
-  const auto g = both_ways([&] { return (v.exp() * x.sin()).tanh(); }, {w},
-                           std::make_shared<HostArena>());
+  const auto g =
+      both_ways([&] { return (v.exp() * x.sin()).tanh(); }, {w}, std::make_shared<HostArena>());
   expect_bit_identical(g.plain, g.region);
 }
 
@@ -138,8 +138,8 @@ TEST(RegionExact, OverlappingOutsideNarrowsKeptByAnOffloadTargetAreExact) {
   auto b = a * 2;
   auto p = b.narrow(0, 1, 10), q = b.narrow(0, 2, 4);
   auto e = b.narrow(0, 0, 1).expand({4});  // stride 0
-  const auto g = both_ways([&] { return p.sin().sum() * q.cos() * e; }, {a},
-                           std::make_shared<HostArena>());
+  const auto g =
+      both_ways([&] { return p.sin().sum() * q.cos() * e; }, {a}, std::make_shared<HostArena>());
   expect_bit_identical(g.plain, g.region);
 }
 
@@ -153,7 +153,8 @@ TEST(RegionExact, OutsideTensorModifiedBeforeBackwardIsAnErrorInsideAnOffloadGua
     std::shared_ptr<sac::CopyTarget> target = std::make_shared<HostArena>();
     at::Tensor y;
     {
-      sac::OffloadGuard offload(sac::OffloadOptions().target(target).min_bytes(takes ? 0 : 1 << 30));
+      sac::OffloadGuard offload(
+          sac::OffloadOptions().target(target).min_bytes(takes ? 0 : 1 << 30));
       sac::CheckpointRegion region;
       y = torch::tanh(torch::sigmoid(t));
     }

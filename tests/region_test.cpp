@@ -21,13 +21,12 @@ bool region_available() {
   return sac::dispatch::observers_see_every_op();
 }
 
-#define REQUIRE_REGION()                                                   \
-  if (!region_available()) {                                               \
-    const auto message = error_of([] { sac::CheckpointRegion region; });   \
-    EXPECT_NE(message.find("fallback-key dispatch mechanism"), std::string::npos) \
-        << message;                                                        \
-    EXPECT_NE(message.find("sac::checkpoint(fn"), std::string::npos) << message; \
-    return;                                                                \
+#define REQUIRE_REGION()                                                                      \
+  if (!region_available()) {                                                                  \
+    const auto message = error_of([] { sac::CheckpointRegion region; });                      \
+    EXPECT_NE(message.find("fallback-key dispatch mechanism"), std::string::npos) << message; \
+    EXPECT_NE(message.find("sac::checkpoint(fn"), std::string::npos) << message;              \
+    return;                                                                                   \
   }
 
 // Runs `f` inside a region with `options`.
@@ -51,8 +50,7 @@ std::string name_of(PolicyKind kind) {
 
 sac::CheckpointOptions options_for(PolicyKind kind) {
   switch (kind) {
-    case PolicyKind::FullRecompute:
-      return {};
+    case PolicyKind::FullRecompute: return {};
     case PolicyKind::SaveMatmuls:
       return sac::CheckpointOptions().policy(sac::Policy::save_ops({"aten::mm", "aten::addmm"}));
     case PolicyKind::SaveEverything:
@@ -61,9 +59,9 @@ sac::CheckpointOptions options_for(PolicyKind kind) {
              c10::ArrayRef<c10::IValue>) { return sac::CheckpointPolicy::MustSave; }));
     case PolicyKind::EveryOtherMatmul: {
       auto count = std::make_shared<int>(0);
-      return sac::CheckpointOptions().policy(sac::Policy::from_fn(
-          [count](const sac::SelectiveCheckpointContext&, const c10::OperatorHandle& op,
-                  c10::ArrayRef<c10::IValue>) {
+      return sac::CheckpointOptions().policy(
+          sac::Policy::from_fn([count](const sac::SelectiveCheckpointContext&,
+                                       const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>) {
             const auto& name = op.operator_name().name;
             return (name == "aten::mm" || name == "aten::addmm") && (*count)++ % 2 == 0;
           }));
@@ -82,8 +80,8 @@ TEST_P(RegionGradients, Mlp) {
   const auto params = mlp->parameters();
   const auto expected = run_and_grad([&] { return mlp->forward(x); }, {x}, params);
   const auto actual = run_and_grad(
-      [&] { return in_region(options_for(GetParam()), [&] { return mlp->forward(x); }); },
-      {x}, params);
+      [&] { return in_region(options_for(GetParam()), [&] { return mlp->forward(x); }); }, {x},
+      params);
   expect_bit_identical(expected, actual);
 }
 
@@ -95,8 +93,8 @@ TEST_P(RegionGradients, GptBlockWithDropout) {
   const auto params = block->parameters();
   const auto expected = run_and_grad([&] { return block->forward(x); }, {x}, params);
   const auto actual = run_and_grad(
-      [&] { return in_region(options_for(GetParam()), [&] { return block->forward(x); }); },
-      {x}, params);
+      [&] { return in_region(options_for(GetParam()), [&] { return block->forward(x); }); }, {x},
+      params);
   expect_bit_identical(expected, actual);
 }
 
@@ -166,9 +164,9 @@ TEST(Region, BatchNormStatisticsUpdatedOnce) {
   }
   auto x = torch::randn({2, 3, 8, 8}, torch::requires_grad());
   const auto expected = run_and_grad([&] { return plain->forward(x); }, {x}, plain->parameters());
-  const auto actual = run_and_grad(
-      [&] { return in_region({}, [&] { return checkpointed->forward(x); }); }, {x},
-      checkpointed->parameters());
+  const auto actual =
+      run_and_grad([&] { return in_region({}, [&] { return checkpointed->forward(x); }); }, {x},
+                   checkpointed->parameters());
   expect_bit_identical(expected, actual);
   EXPECT_EQ(checkpointed->bn->num_batches_tracked.item<int64_t>(), 1);
   expect_bit_identical({plain->bn->running_mean, plain->bn->running_var},
@@ -257,10 +255,10 @@ TEST(Region, ViewsInPlaceDetachAndRawMemory) {
   torch::manual_seed(0);
   auto x = torch::randn({4, 6}, torch::requires_grad());
   auto f = [&] {
-    auto h = x * 3;                             // saves nothing of h
+    auto h = x * 3;  // saves nothing of h
     auto v = h.view({6, 4}).narrow(0, 1, 3);
-    v.mul_(2);                                  // through a view
-    auto d = h.detach();                        // aliases h, made above the recorder
+    v.mul_(2);            // through a view
+    auto d = h.detach();  // aliases h, made above the recorder
     auto index = torch::tensor(std::vector<int64_t>{2, 0, 1});  // memcpy into at::empty
     auto picked = h.index_select(0, index) * d.index_select(0, index).sigmoid();
     return picked.cumsum(1).pow(2);
@@ -342,8 +340,7 @@ TEST(Region, ATraceInsideIsRefusedAsOne) {
   EXPECT_NE(message.find("sac::CheckpointRegion: the region runs aten::"), std::string::npos)
       << message;
   EXPECT_NE(message.find("as part of a trace"), std::string::npos) << message;
-  EXPECT_NE(message.find("torch.compile is not supported inside it"), std::string::npos)
-      << message;
+  EXPECT_NE(message.find("torch.compile is not supported inside it"), std::string::npos) << message;
   EXPECT_EQ(sac::dispatch::active_interceptor(), nullptr);
 }
 
@@ -370,8 +367,8 @@ TEST(Region, ExceptionLeavesNoStateAndNoMemory) {
   escaped.reset();
   EXPECT_EQ(sac_examples::CountingAllocator::live_bytes(), before);
   const auto expected = run_and_grad([&] { return x.mm(x).sin(); }, {x}, {});
-  const auto actual = run_and_grad([&] { return in_region({}, [&] { return x.mm(x).sin(); }); },
-                                   {x}, {});
+  const auto actual =
+      run_and_grad([&] { return in_region({}, [&] { return x.mm(x).sin(); }); }, {x}, {});
   expect_bit_identical(expected, actual);
 }
 
@@ -394,7 +391,8 @@ TEST(Region, TrainingIterations) {
       checkpointed->parameters()[i].copy_(plain->parameters()[i]);
     }
   }
-  torch::optim::SGD plain_opt(plain->parameters(), 0.05), ckpt_opt(checkpointed->parameters(), 0.05);
+  torch::optim::SGD plain_opt(plain->parameters(), 0.05),
+      ckpt_opt(checkpointed->parameters(), 0.05);
   const auto policy = sac::Policy::save_ops({"aten::addmm"});
   for (int step = 0; step < 10; ++step) {
     auto x = torch::randn({2, 8, 32});
@@ -581,7 +579,10 @@ TEST_F(RegionMemory, MemoryOverwrittenWholeBeforeAnyReadIsNotKept) {
   for (const bool read_first : {false, true}) {
     SCOPED_TRACE(read_first ? "read, then overwritten" : "overwritten first");
     const auto expected = sac_test::run_and_grad(
-        [&] { return forward(torch::ones({32, 32}) / 8, read_first); }, {x}, {shard});
+        [&] {
+          return forward(torch::ones({32, 32}) / 8, read_first);
+        },
+        {x}, {shard});
     const at::Tensor buffer = torch::ones({32, 32}) / 8;
     const int64_t base = live();
     at::Tensor y = in_region({}, [&] { return forward(buffer, read_first); });
@@ -589,7 +590,8 @@ TEST_F(RegionMemory, MemoryOverwrittenWholeBeforeAnyReadIsNotKept) {
     EXPECT_EQ(live() - base, static_cast<int64_t>(y.nbytes()) + copy);
     buffer.fill_(7);  // not read again by the replay
     const auto grads = torch::autograd::grad({y.sum()}, {x, shard});
-    sac_test::expect_bit_identical({expected[0], expected[1], expected[2]}, {y, grads[0], grads[1]});
+    sac_test::expect_bit_identical({expected[0], expected[1], expected[2]},
+                                   {y, grads[0], grads[1]});
   }
 }
 
@@ -610,8 +612,8 @@ TEST_F(RegionMemory, ReplayPeakIsNoHigherThanFunctionRerun) {
        {sac::CheckpointOptions(),
         sac::CheckpointOptions().policy(sac::Policy::save_ops({"aten::addmm"}))}) {
     const int64_t rerun = peak_of_backward([&] {
-      return sac::checkpoint(options, [&](const at::Tensor& in) { return block->forward(in); },
-                             input);
+      return sac::checkpoint(
+          options, [&](const at::Tensor& in) { return block->forward(in); }, input);
     });
     const int64_t replay =
         peak_of_backward([&] { return in_region(options, [&] { return block->forward(input); }); });

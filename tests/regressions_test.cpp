@@ -21,8 +21,7 @@ sac::CheckpointOptions saving(const std::vector<std::string>& ops) {
 }
 
 sac::Policy save_everything() {
-  return sac::Policy::from_fn([](const sac::SelectiveCheckpointContext&,
-                                 const c10::OperatorHandle&,
+  return sac::Policy::from_fn([](const sac::SelectiveCheckpointContext&, const c10::OperatorHandle&,
                                  c10::ArrayRef<c10::IValue>) { return true; });
 }
 
@@ -38,7 +37,9 @@ TEST_F(Regressions, Linear3dSavingMmAndUnsafeViewDoesNotAddTheBiasTwice) {
   const std::vector<at::Tensor> params{lin->weight, lin->bias};
   const auto expected = run_and_grad([&] { return f(x); }, {x}, params);
   const auto actual = run_and_grad(
-      [&] { return sac::checkpoint(saving({"aten::mm", "aten::_unsafe_view"}), f, x); },
+      [&] {
+        return sac::checkpoint(saving({"aten::mm", "aten::_unsafe_view"}), f, x);
+      },
       {x}, params);
   expect_bit_identical(expected, actual);
 }
@@ -54,9 +55,7 @@ TEST_F(Regressions, Linear3dUnderSaveEverythingCallback) {
   const std::vector<at::Tensor> params{qkv->weight, qkv->bias};
   const auto expected = run_and_grad([&] { return f(x); }, {x}, params);
   const auto actual = run_and_grad(
-      [&] {
-        return sac::checkpoint(sac::CheckpointOptions().policy(save_everything()), f, x);
-      },
+      [&] { return sac::checkpoint(sac::CheckpointOptions().policy(save_everything()), f, x); },
       {x}, params);
   expect_bit_identical(expected, actual);
 }
@@ -81,8 +80,7 @@ TEST_F(Regressions, NestedRegionModifyingItsArgumentIsAutogradsError) {
       auto y = sac::checkpoint(options, outer, x);
       torch::autograd::grad({y.sum()}, {w});
     });
-    EXPECT_NE(message.find("modified by an inplace operation"), std::string::npos)
-        << message;
+    EXPECT_NE(message.find("modified by an inplace operation"), std::string::npos) << message;
     EXPECT_NE(message.find("tensor argument 0 of the checkpointed function"), std::string::npos)
         << message;
     EXPECT_NE(message.find("the checkpointed function modifying its own argument counts too"),
@@ -95,8 +93,7 @@ TEST_F(Regressions, NestedRegionModifyingItsArgumentIsAutogradsError) {
     torch::autograd::grad({y.sum()}, {w});
   });
   EXPECT_NE(top.find("modified by an inplace operation"), std::string::npos) << top;
-  EXPECT_NE(top.find("sac::checkpoint keeps its tensor arguments"), std::string::npos)
-      << top;
+  EXPECT_NE(top.find("sac::checkpoint keeps its tensor arguments"), std::string::npos) << top;
 }
 
 // The holders' version check must not fire where autograd's would not: a
@@ -136,8 +133,7 @@ TEST_F(Regressions, OutsideTensorModifiedAfterTheReadIsAnError) {
       auto y = sac::checkpoint(options, inside, a);
       torch::autograd::grad({y.sum()}, {a});
     });
-    EXPECT_NE(message.find("was modified in place after the forward read it"),
-              std::string::npos)
+    EXPECT_NE(message.find("was modified in place after the forward read it"), std::string::npos)
         << message;
     EXPECT_NE(message.find("aten::add"), std::string::npos) << message;
 
@@ -147,8 +143,7 @@ TEST_F(Regressions, OutsideTensorModifiedAfterTheReadIsAnError) {
       buf.mul_(0.5);
       torch::autograd::grad({y.sum()}, {a});
     });
-    EXPECT_NE(message.find("was modified in place after the forward read it"),
-              std::string::npos)
+    EXPECT_NE(message.find("was modified in place after the forward read it"), std::string::npos)
         << message;
   }
 }
@@ -170,7 +165,8 @@ TEST_F(Regressions, OutsideTensorReadByAnInPlaceOpModifiedLaterIsAnError) {
     SCOPED_TRACE(selective ? "selective" : "full recompute");
     auto options = selective ? saving({"aten::sin"}) : sac::CheckpointOptions();
     const at::Tensor kept = buf.clone();
-    auto y = sac::checkpoint(sac::CheckpointOptions(options).outside_tensor_check(false), inside, a);
+    auto y =
+        sac::checkpoint(sac::CheckpointOptions(options).outside_tensor_check(false), inside, a);
     buf.mul_(0.5);
     const auto unchecked = torch::autograd::grad({y.sum()}, {a});
     EXPECT_FALSE(unchecked[0].equal(expected[0])) << "the unchecked gradient should be wrong";
@@ -210,9 +206,9 @@ TEST_F(Regressions, OutsideTensorsThatDoNotChangeTheResultAreAccepted) {
   torch::nn::BatchNorm1d bn(3);
   auto g = [&](const at::Tensor& in) { return bn(in).tanh(); };
   const auto bn_expected = run_and_grad([&] { return g(a); }, {a}, {bn->weight, bn->bias});
-  const auto bn_actual = run_and_grad(
-      [&] { return sac::checkpoint(saving({"aten::native_batch_norm"}), g, a); }, {a},
-      {bn->weight, bn->bias});
+  const auto bn_actual =
+      run_and_grad([&] { return sac::checkpoint(saving({"aten::native_batch_norm"}), g, a); }, {a},
+                   {bn->weight, bn->bias});
   expect_bit_identical(bn_expected, bn_actual);
 }
 
@@ -287,11 +283,8 @@ TEST_F(Regressions, ADemotedCallIsRecomputedWithTheModification) {
     return y.sin();
   };
   const auto expected = run_and_grad([&] { return f(a, b); }, {a, b}, {});
-  const auto actual = run_and_grad(
-      [&] {
-        return sac::checkpoint(saving({"aten::mm"}), f, a, b);
-      },
-      {a, b}, {});
+  const auto actual =
+      run_and_grad([&] { return sac::checkpoint(saving({"aten::mm"}), f, a, b); }, {a, b}, {});
   expect_bit_identical(expected, actual);
 }
 
@@ -300,12 +293,10 @@ TEST_F(Regressions, ADemotedCallIsRecomputedWithTheModification) {
 TEST_F(Regressions, RetainGraphThroughASelectiveRegionSaysWhatToDo) {
   torch::manual_seed(0);
   auto x = torch::randn({4, 4}, torch::requires_grad());
-  auto y = sac::checkpoint(saving({"aten::mm"}), [](const at::Tensor& a) {
-    return a.mm(a).tanh();
-  }, x);
+  auto y = sac::checkpoint(
+      saving({"aten::mm"}), [](const at::Tensor& a) { return a.mm(a).tanh(); }, x);
   torch::autograd::grad({y.sum()}, {x}, {}, /*retain_graph=*/true);
-  const std::string message =
-      error_of([&] { torch::autograd::grad({y.sum()}, {x}); });
+  const std::string message = error_of([&] { torch::autograd::grad({y.sum()}, {x}); });
   EXPECT_NE(message.find("backward an extra time"), std::string::npos) << message;
   EXPECT_NE(message.find("without a policy"), std::string::npos) << message;
 }
@@ -332,12 +323,10 @@ TEST_F(Regressions, GradInsideASelectiveRegionWhileItsForwardRecords) {
   for (const bool early_stop : {true, false}) {
     for (const bool everything : {true, false}) {
       SCOPED_TRACE(c10::str("early_stop=", early_stop, " everything=", everything));
-      auto options = everything
-                         ? sac::CheckpointOptions().policy(save_everything())
-                         : saving({"aten::mm", "aten::sin"});
+      auto options = everything ? sac::CheckpointOptions().policy(save_everything())
+                                : saving({"aten::mm", "aten::sin"});
       options.early_stop(early_stop);
-      const auto actual =
-          run_and_grad([&] { return sac::checkpoint(options, f, x); }, {x}, {w});
+      const auto actual = run_and_grad([&] { return sac::checkpoint(options, f, x); }, {x}, {w});
       expect_bit_identical(expected, actual);
     }
   }
@@ -390,8 +379,8 @@ TEST_F(Regressions, RecomputationInsideAnEnclosingForwardIsSeenByItsOwnModesOnly
     auto outer = [&](const at::Tensor& a, const at::Tensor& b, bool checkpointed) {
       at::Tensor h = same_shapes ? a * a + 1 : a + 1;
       at::Tensor d = same_shapes ? b : b * b;
-      at::Tensor y = checkpointed ? sac::checkpoint(saving({"aten::mul.Tensor"}), inner, h)
-                                  : inner(h);
+      at::Tensor y =
+          checkpointed ? sac::checkpoint(saving({"aten::mul.Tensor"}), inner, h) : inner(h);
       return y.sum() + d.sum();
     };
     const auto expected = torch::autograd::grad({outer(p, q, false)}, {p, q});
@@ -432,8 +421,8 @@ struct DifferentiatesItsNestedCheckpoints
         checkpointed
             ? sac::checkpoint(
                   sac::CheckpointOptions().determinism_check(sac::DeterminismCheck::Values),
-                  [](const at::Tensor& a, const at::Tensor& b) { return function(a, b, true); },
-                  xd, wd)
+                  [](const at::Tensor& a, const at::Tensor& b) { return function(a, b, true); }, xd,
+                  wd)
             : function(xd, wd, false);
     ctx->save_for_backward({y, xd, wd});
     return y.detach();
@@ -451,7 +440,8 @@ TEST_F(Regressions, ACustomFunctionDifferentiatingItsNestedCheckpointsIsExact) {
   auto x = torch::randn({6, 6}, torch::requires_grad());
   auto w = torch::randn({6, 6}, torch::requires_grad());
   auto step = [&](bool checkpointed, bool other_thread) {
-    const at::Tensor loss = (DifferentiatesItsNestedCheckpoints::apply(x, w, checkpointed) * x).sum();
+    const at::Tensor loss =
+        (DifferentiatesItsNestedCheckpoints::apply(x, w, checkpointed) * x).sum();
     std::vector<at::Tensor> grads;
     auto backward = [&] { grads = torch::autograd::grad({loss}, {x, w}); };
     if (other_thread) {

@@ -16,9 +16,9 @@ struct CountingPolicy {
   std::shared_ptr<int> asked = std::make_shared<int>(0);
   sac::CheckpointOptions options() const {
     auto count = asked;
-    return sac::CheckpointOptions().policy(sac::Policy::from_fn(
-        [count](const sac::SelectiveCheckpointContext&, const c10::OperatorHandle& op,
-                c10::ArrayRef<c10::IValue>) {
+    return sac::CheckpointOptions().policy(
+        sac::Policy::from_fn([count](const sac::SelectiveCheckpointContext&,
+                                     const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>) {
           ++*count;
           return op.operator_name().name == "aten::addmm";
         }));
@@ -66,7 +66,8 @@ TEST_F(Scope, OwnOptionsWinAndScopesNest) {
   {
     sac::CheckpointScope inner_scope(inner.options());
     checkpointed();
-    sac::checkpoint(own.options(), [this](const at::Tensor& in) { return mlp->forward(in); }, x);
+    sac::checkpoint(
+        own.options(), [this](const at::Tensor& in) { return mlp->forward(in); }, x);
   }
   EXPECT_EQ(*outer.asked, 0);
   EXPECT_GT(*inner.asked, 0);

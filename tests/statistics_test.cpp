@@ -34,19 +34,21 @@ class Statistics : public ::testing::Test {
   int64_t run(const sac::CheckpointOptions& options) {
     torch::manual_seed(7);
     const int64_t base = CountingAllocator::live_bytes();
-    at::Tensor y =
-        sac::checkpoint(options, [&](const at::Tensor& in) { return block->forward(in); }, x);
+    at::Tensor y = sac::checkpoint(
+        options, [&](const at::Tensor& in) { return block->forward(in); }, x);
     const at::Tensor loss = y.sum();
     y = at::Tensor();
-    const int64_t kept = CountingAllocator::live_bytes() - base - static_cast<int64_t>(loss.nbytes());
-    after_forward = options.statistics() ? options.statistics()->read() : sac::RegionCounts();
+    const int64_t kept =
+        CountingAllocator::live_bytes() - base - static_cast<int64_t>(loss.nbytes());
+    after_forward =
+        options.statistics() ? options.statistics()->read() : sac::RegionStatistics::Counts();
     loss.backward();
     return kept;
   }
 
   GptBlock block{nullptr};
   at::Tensor x;
-  sac::RegionCounts after_forward;
+  sac::RegionStatistics::Counts after_forward;
 };
 
 // After the forward: the bytes kept are the allocator's, kept + dropped are
@@ -73,11 +75,11 @@ TEST_F(Statistics, EqualCountedBytesAndExplainedCalls) {
     auto stats = std::make_shared<sac::RegionStatistics>();
     const int64_t kept =
         run(sac::CheckpointOptions().policy(policy).statistics(stats).early_stop(false));
-    const sac::RegionCounts& f = after_forward;
+    const sac::RegionStatistics::Counts& f = after_forward;
     EXPECT_EQ(f.forwards, 1u);
     EXPECT_EQ(f.recomputations, 0u) << "no recomputation before backward";
-    EXPECT_EQ(f.bytes_kept, kept - none);
-    EXPECT_EQ(f.bytes_kept + f.bytes_dropped, decided_bytes);
+    EXPECT_EQ(f.bytes_saved, kept - none);
+    EXPECT_EQ(f.bytes_saved + f.bytes_dropped, decided_bytes);
     EXPECT_EQ(f.bytes_offloaded, 0);
     EXPECT_EQ(f.calls_seen, decided_calls);
     EXPECT_EQ(f.calls_saved + f.calls_offloaded + f.calls_recomputed, f.calls_seen);
@@ -102,9 +104,9 @@ TEST_F(Statistics, EqualCountedBytesAndExplainedCalls) {
     EXPECT_EQ(f.calls_saved, saved);
     EXPECT_EQ(f.calls_recomputed, recomputed);
     EXPECT_EQ(f.calls_demoted, demoted);
-    EXPECT_EQ(f.bytes_kept, e.kept_bytes());
+    EXPECT_EQ(f.bytes_saved, e.kept_bytes());
 
-    const sac::RegionCounts b = stats->read();
+    const sac::RegionStatistics::Counts b = stats->read();
     EXPECT_EQ(b.recomputations, 1u);
     EXPECT_EQ(b.calls_served, f.calls_saved);
     EXPECT_EQ(b.calls_rerun, f.calls_recomputed);
@@ -134,11 +136,14 @@ TEST_F(Statistics, CountOffloadedCallsAndBytes) {
       bytes += static_cast<int64_t>(t.storage().nbytes());
       return copies.back();
     }
-    at::Tensor copy_back(const at::Tensor& c, const sac::CopiedFrom&) override { return c.clone(); }
+    at::Tensor copy_back(const at::Tensor& c, const sac::CopyTarget::Origin&) override {
+      return c.clone();
+    }
     std::vector<at::Tensor> copies;
     int64_t bytes = 0;
   };
-  const auto expected = run_and_grad([&] { return block->forward(x); }, {x}, block->parameters(), 7);
+  const auto expected =
+      run_and_grad([&] { return block->forward(x); }, {x}, block->parameters(), 7);
   auto copies = std::make_shared<Copies>();
   auto stats = std::make_shared<sac::RegionStatistics>();
   const auto options = sac::CheckpointOptions()
@@ -148,14 +153,15 @@ TEST_F(Statistics, CountOffloadedCallsAndBytes) {
                            .early_stop(false);
   const auto actual = run_and_grad(
       [&] {
-        return sac::checkpoint(options, [&](const at::Tensor& in) { return block->forward(in); }, x);
+        return sac::checkpoint(
+            options, [&](const at::Tensor& in) { return block->forward(in); }, x);
       },
       {x}, block->parameters(), 7);
   expect_bit_identical(expected, actual);
-  const sac::RegionCounts c = stats->read();
+  const sac::RegionStatistics::Counts c = stats->read();
   EXPECT_GT(c.calls_offloaded, 0u);
   EXPECT_EQ(c.calls_saved, 0u);
-  EXPECT_EQ(c.bytes_kept, 0);
+  EXPECT_EQ(c.bytes_saved, 0);
   EXPECT_EQ(c.bytes_offloaded, copies->bytes);
   EXPECT_EQ(c.calls_served, c.calls_offloaded);
 }
@@ -164,22 +170,21 @@ TEST_F(Statistics, CountOffloadedCallsAndBytes) {
 // the answers they change are counted.
 TEST_F(Statistics, SumOverRegionsAndCountTags) {
   auto stats = std::make_shared<sac::RegionStatistics>();
-  const auto options = sac::CheckpointOptions()
-                           .policy(sac::any_of({sac::dots_saveable(),
-                                                sac::save_only_these_names({"attn"})}))
-                           .statistics(stats)
-                           .early_stop(false);
+  const auto options =
+      sac::CheckpointOptions()
+          .policy(sac::any_of({sac::dots_saveable(), sac::save_only_these_names({"attn"})}))
+          .statistics(stats)
+          .early_stop(false);
   auto twice = [&] {
     at::Tensor h = x;
     for (int i = 0; i < 2; ++i) {
-      h = sac::checkpoint(options, [&](const at::Tensor& in) {
-        return sac::tag(block->forward(in), "attn");
-      }, h);
+      h = sac::checkpoint(
+          options, [&](const at::Tensor& in) { return sac::tag(block->forward(in), "attn"); }, h);
     }
     return h;
   };
   twice().sum().backward();
-  const sac::RegionCounts two = stats->read();
+  const sac::RegionStatistics::Counts two = stats->read();
   EXPECT_EQ(two.forwards, 2u);
   EXPECT_EQ(two.tags, 2u);
   EXPECT_EQ(two.recomputations, 2u);
@@ -191,12 +196,13 @@ TEST_F(Statistics, SumOverRegionsAndCountTags) {
   EXPECT_EQ(stats->read().forwards, 0u);
   {
     auto one = std::make_shared<sac::RegionStatistics>();
-    sac::checkpoint(sac::CheckpointOptions().policy(sac::dots_saveable()).statistics(one),
-                    [&](const at::Tensor& in) { return block->forward(in); }, x);
-    const sac::RegionCounts c = one->read();
+    sac::checkpoint(
+        sac::CheckpointOptions().policy(sac::dots_saveable()).statistics(one),
+        [&](const at::Tensor& in) { return block->forward(in); }, x);
+    const sac::RegionStatistics::Counts c = one->read();
     // The tag kept the block's output (its producer's call) in each region.
     EXPECT_EQ(two.calls_saved, 2 * c.calls_saved + 2);
-    EXPECT_EQ(two.bytes_kept, 2 * c.bytes_kept + 2 * static_cast<int64_t>(x.nbytes()));
+    EXPECT_EQ(two.bytes_saved, 2 * c.bytes_saved + 2 * static_cast<int64_t>(x.nbytes()));
   }
   std::ostringstream printed;
   two.print(printed);
@@ -208,7 +214,8 @@ TEST_F(Statistics, WithoutAPolicyAreAnError) {
   const auto options =
       sac::CheckpointOptions().statistics(std::make_shared<sac::RegionStatistics>());
   const std::string message = error_of([&] {
-    sac::checkpoint(options, [&](const at::Tensor& in) { return block->forward(in); }, x);
+    sac::checkpoint(
+        options, [&](const at::Tensor& in) { return block->forward(in); }, x);
   });
   EXPECT_NE(message.find("statistics"), std::string::npos) << message;
   EXPECT_NE(message.find("nothing_saveable"), std::string::npos) << message;
@@ -231,11 +238,11 @@ TEST_F(Statistics, CountTheRegionGuard) {
     }
     y.sum().backward();
   }
-  const sac::RegionCounts a = by_call->read(), b = by_guard->read();
+  const sac::RegionStatistics::Counts a = by_call->read(), b = by_guard->read();
   EXPECT_EQ(b.forwards, 1u);
   EXPECT_EQ(b.calls_seen, a.calls_seen);
   EXPECT_EQ(b.calls_saved, a.calls_saved);
-  EXPECT_EQ(b.bytes_kept, a.bytes_kept);
+  EXPECT_EQ(b.bytes_saved, a.bytes_saved);
   EXPECT_EQ(b.bytes_dropped, a.bytes_dropped);
   EXPECT_EQ(b.recomputations, 1u);
   EXPECT_GT(b.calls_served, 0u);

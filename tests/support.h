@@ -2,6 +2,9 @@
 #pragma once
 
 #include <sac/sac.h>
+#include <sac/checkpoint/guards.h>
+#include <sac/lab.h>
+#include <sac/policy/presets.h>
 
 #include "examples/support.h"
 
@@ -47,8 +50,7 @@ class CountingAllocatorTest : public ::testing::Test {
 // computed with torch::autograd::grad (nothing accumulates in .grad).
 std::vector<at::Tensor> run_and_grad(const std::function<at::Tensor()>& forward,
                                      const std::vector<at::Tensor>& inputs,
-                                     const std::vector<at::Tensor>& params,
-                                     uint64_t seed = 1234);
+                                     const std::vector<at::Tensor>& params, uint64_t seed = 1234);
 
 // Each pair bit-identical (same shape, dtype, and every element equal).
 void expect_bit_identical(const std::vector<at::Tensor>& expected,

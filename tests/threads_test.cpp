@@ -121,7 +121,10 @@ struct Model {
 Model make_mlp(uint64_t seed) {
   torch::manual_seed(seed);
   sac_test::Mlp mlp(16, 32, 8, /*depth=*/3);
-  Model model{mlp.ptr(), [m = mlp.ptr()](const at::Tensor& x) { return m->forward(x); }, mlp->parameters(), {}};
+  Model model{mlp.ptr(),
+              [m = mlp.ptr()](const at::Tensor& x) { return m->forward(x); },
+              mlp->parameters(),
+              {}};
   for (const auto& p : model.params) {
     model.initial.push_back(p.detach().clone());
   }
@@ -133,8 +136,10 @@ Model make_mlp(uint64_t seed) {
 Model make_gpt_block(uint64_t seed) {
   torch::manual_seed(seed);
   sac_test::GptBlock block(16, 2, /*dropout=*/0.0);
-  Model model{block.ptr(), [m = block.ptr()](const at::Tensor& x) { return m->forward(x); },
-              block->parameters(), {}};
+  Model model{block.ptr(),
+              [m = block.ptr()](const at::Tensor& x) { return m->forward(x); },
+              block->parameters(),
+              {}};
   for (const auto& p : model.params) {
     model.initial.push_back(p.detach().clone());
   }
@@ -147,13 +152,14 @@ at::Tensor input_for(bool gpt, uint64_t seed) {
 }
 
 sac::Policy save_matmuls() {
-  return sac::Policy::save_ops({"aten::addmm", "aten::_scaled_dot_product_flash_attention_for_cpu"});
+  return sac::Policy::save_ops(
+      {"aten::addmm", "aten::_scaled_dot_product_flash_attention_for_cpu"});
 }
 
 // Stateless: saves the matmuls and the activations.
 sac::Policy callback_policy() {
-  return sac::Policy::from_fn([](const sac::SelectiveCheckpointContext&, const c10::OperatorHandle& op,
-                                 c10::ArrayRef<c10::IValue>) {
+  return sac::Policy::from_fn([](const sac::SelectiveCheckpointContext&,
+                                 const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>) {
     const auto& name = op.operator_name().name;
     return name == "aten::addmm" || name == "aten::relu" || name == "aten::gelu";
   });
@@ -186,12 +192,8 @@ std::vector<at::Tensor> sgd_step(Model& model, const at::Tensor& x, Kind kind,
     case Kind::Callback:
       y = sac::checkpoint(sac::CheckpointOptions().policy(callback), model.forward, x);
       break;
-    case Kind::Full:
-      y = sac::checkpoint(model.forward, x);
-      break;
-    case Kind::None:
-      y = model.forward(x);
-      break;
+    case Kind::Full: y = sac::checkpoint(model.forward, x); break;
+    case Kind::None: y = model.forward(x); break;
   }
   auto grads = torch::autograd::grad({y.pow(2).sum()}, model.params);
   torch::NoGradGuard no_grad;
@@ -254,7 +256,8 @@ TEST_F(Threads, ConcurrentTrainingMatchesSequentialReference) {
         single_intra_op_thread();
         start.arrive_and_wait();
         for (int s = 0; s < kSteps; ++s) {
-          actual[t].push_back(sgd_step(models[t], inputs[t][s], kinds[(t + s) % 3], save_ops, callback));
+          actual[t].push_back(
+              sgd_step(models[t], inputs[t][s], kinds[(t + s) % 3], save_ops, callback));
         }
       } catch (...) {
         errors[t] = std::current_exception();
@@ -271,7 +274,8 @@ TEST_F(Threads, ConcurrentTrainingMatchesSequentialReference) {
     expect_clean(after[t], "worker thread");
     ASSERT_EQ(actual[t].size(), static_cast<size_t>(kSteps));
     for (int s = 0; s < kSteps; ++s) {
-      SCOPED_TRACE(std::string("step ") + std::to_string(s) + " (" + name_of(kinds[(t + s) % 3]) + ")");
+      SCOPED_TRACE(std::string("step ") + std::to_string(s) + " (" + name_of(kinds[(t + s) % 3]) +
+                   ")");
       expect_bit_identical(expected[t][s], actual[t][s]);
     }
     SCOPED_TRACE("trained weights");
@@ -309,14 +313,19 @@ TEST_F(Threads, BackwardOnAnotherThreadThanTheForward) {
     Model model;
     if (c.gpt) {
       sac_test::GptBlock block(16, 2, /*dropout=*/0.2);
-      model = {block.ptr(), [m = block.ptr()](const at::Tensor& x) { return m->forward(x); }, block->parameters(), {}};
+      model = {block.ptr(),
+               [m = block.ptr()](const at::Tensor& x) { return m->forward(x); },
+               block->parameters(),
+               {}};
     } else {
       model = make_mlp(7);
     }
-    const at::Tensor x = (c.gpt ? torch::randn({2, 8, 16}) : torch::randn({6, 16})).requires_grad_(true);
+    const at::Tensor x =
+        (c.gpt ? torch::randn({2, 8, 16}) : torch::randn({6, 16})).requires_grad_(true);
     std::vector<at::Tensor> wrt{x};
     wrt.insert(wrt.end(), model.params.begin(), model.params.end());
-    const auto expected = sac_test::run_and_grad([&] { return model.forward(x); }, {x}, model.params, 11);
+    const auto expected =
+        sac_test::run_and_grad([&] { return model.forward(x); }, {x}, model.params, 11);
 
     std::promise<at::Tensor> forward_done;
     std::promise<void> backward_done;
@@ -338,7 +347,8 @@ TEST_F(Threads, BackwardOnAnotherThreadThanTheForward) {
         y.reset();
         backward_done_future.wait();
         a_at_end = ThreadState::now();
-        plain_on_a = sac_test::run_and_grad([&] { return model.forward(x); }, {x}, model.params, 11);
+        plain_on_a =
+            sac_test::run_and_grad([&] { return model.forward(x); }, {x}, model.params, 11);
       } catch (...) {
         a_error = std::current_exception();
         try {
@@ -394,8 +404,9 @@ TEST_F(Threads, ForwardsAndABackwardOfThreeRegionsAtOnce) {
   // selective policy and full recomputation); thread 3 backwards them.
   std::vector<at::Tensor> y3;
   for (int r = 0; r < kRounds; ++r) {
-    y3.push_back(r % 2 == 0 ? sac::checkpoint(sac::CheckpointOptions().policy(save_ops), m3.forward, x3[r])
-                            : sac::checkpoint(m3.forward, x3[r]));
+    y3.push_back(r % 2 == 0
+                     ? sac::checkpoint(sac::CheckpointOptions().policy(save_ops), m3.forward, x3[r])
+                     : sac::checkpoint(m3.forward, x3[r]));
   }
 
   Barrier round(3);
@@ -481,16 +492,17 @@ TEST_F(Threads, OnePolicyObjectSharedByFourThreads) {
   using CallLog = std::vector<std::pair<size_t, std::string>>;
   static thread_local CallLog* seen = nullptr;
   std::atomic<int64_t> total_calls{0};
-  const auto policy = sac::Policy::from_fn([&total_calls](const sac::SelectiveCheckpointContext& ctx,
-                                                         const c10::OperatorHandle& op,
-                                                         c10::ArrayRef<c10::IValue>) {
-    ++total_calls;
-    seen->emplace_back(ctx.call, op.operator_name().name);
-    EXPECT_EQ(ctx.op_output.size(), op.schema().returns().size());
-    const auto& name = op.operator_name().name;
-    return name == "aten::addmm" || name == "aten::gelu" ? sac::CheckpointPolicy::MustSave
-                                                          : sac::CheckpointPolicy::PreferRecompute;
-  });
+  const auto policy = sac::Policy::from_fn(
+      [&total_calls](const sac::SelectiveCheckpointContext& ctx, const c10::OperatorHandle& op,
+                     c10::ArrayRef<c10::IValue>) {
+        ++total_calls;
+        seen->emplace_back(ctx.call, op.operator_name().name);
+        EXPECT_EQ(ctx.op_output.size(), op.schema().returns().size());
+        const auto& name = op.operator_name().name;
+        return name == "aten::addmm" || name == "aten::gelu"
+                   ? sac::CheckpointPolicy::MustSave
+                   : sac::CheckpointPolicy::PreferRecompute;
+      });
   prepare(policy);
   Model model = make_gpt_block(44);
   std::vector<at::Tensor> inputs;
@@ -511,8 +523,8 @@ TEST_F(Threads, OnePolicyObjectSharedByFourThreads) {
     total_calls = 0;
     std::vector<std::vector<at::Tensor>> expected;
     for (int t = 0; t < kThreads; ++t) {
-      expected.push_back(sac_test::run_and_grad([&] { return model.forward(inputs[t]); }, {inputs[t]},
-                                                wrt_params));
+      expected.push_back(sac_test::run_and_grad([&] { return model.forward(inputs[t]); },
+                                                {inputs[t]}, wrt_params));
     }
     EXPECT_EQ(total_calls.load(), 0) << "the policy is not asked outside regions";
     run(inputs[0]);

@@ -14,6 +14,8 @@
 #include <sac/nn/apply_activation_checkpointing.h>
 #include <sac/nn/checkpoint_wrapper.h>
 #include <sac/sac.h>
+#include <sac/policy/presets.h>
+#include <sac/checkpoint/guards.h>
 
 #include <gtest/gtest.h>
 #include <torch/library.h>
@@ -33,9 +35,7 @@ using sac_test::error_of;
 
 // A scale that grows with every call: an op with state of its own.
 std::atomic<int> drift_calls{0};
-at::Tensor drift(const at::Tensor& x) {
-  return at::full_like(x, 1.0 + 0.25 * drift_calls++);
-}
+at::Tensor drift(const at::Tensor& x) { return at::full_like(x, 1.0 + 0.25 * drift_calls++); }
 
 // The router's scores as given on the first call; on later calls column 1
 // raised by 2e-4.
@@ -123,8 +123,9 @@ class ProgramRuns {
     return torch::autograd::grad({program_(x).sum()}, wrt_);
   }
 
-  Outcome checkpointed(Entry entry, const sac::CheckpointOptions& options, const at::Tensor& x,
-                       const std::function<void()>& between = [] {}) const {
+  Outcome checkpointed(
+      Entry entry, const sac::CheckpointOptions& options, const at::Tensor& x,
+      const std::function<void()>& between = [] {}) const {
     reset();
     const at::Tensor y = forward(entry, options, x);
     between();
@@ -145,8 +146,7 @@ class ProgramRuns {
   at::Tensor forward(Entry entry, const sac::CheckpointOptions& options,
                      const at::Tensor& x) const {
     switch (entry) {
-      case Entry::Function:
-        return sac::checkpoint(options, program_, x);
+      case Entry::Function: return sac::checkpoint(options, program_, x);
       case Entry::Region: {
         sac::CheckpointRegion region(options);
         return program_(x);
@@ -190,10 +190,10 @@ sac::CheckpointOptions with_check(DeterminismCheck check) {
 // Runs `entry` without the value check (expects silently wrong gradients)
 // and then with it; returns the second run, whose error the test reads.
 // `between` runs between forward and backward, `after` after each run.
-Outcome only_the_value_check_catches(const ProgramRuns& run, Entry entry, const at::Tensor& x,
-                                     const std::vector<at::Tensor>& expected,
-                                     const std::function<void()>& between = [] {},
-                                     const std::function<void()>& after = [] {}) {
+Outcome only_the_value_check_catches(
+    const ProgramRuns& run, Entry entry, const at::Tensor& x,
+    const std::vector<at::Tensor>& expected, const std::function<void()>& between = [] {},
+    const std::function<void()>& after = [] {}) {
   const Outcome unchecked =
       run.checkpointed(entry, with_check(DeterminismCheck::Default), x, between);
   after();
@@ -307,13 +307,14 @@ TEST_P(ValueCheck, BatchNormWithABackwardInsideTheForwardIsNoFalseAlarm) {
   torch::nn::Linear linear(16, 16);
   torch::nn::BatchNorm1d norm(16);
   const at::Tensor x = torch::randn({8, 16}, torch::requires_grad());
-  const ProgramRuns run([&](const at::Tensor& in) {
-    const at::Tensor h = norm->forward(linear->forward(in));
-    const at::Tensor g =
-        torch::autograd::grad({h.sin().sum()}, {in}, {}, /*retain_graph=*/true,
-                              /*create_graph=*/true)[0];
-    return (h * g.sum(1, true)).tanh();
-  }, {x, linear->weight, norm->weight, norm->bias});
+  const ProgramRuns run(
+      [&](const at::Tensor& in) {
+        const at::Tensor h = norm->forward(linear->forward(in));
+        const at::Tensor g = torch::autograd::grad({h.sin().sum()}, {in}, {}, /*retain_graph=*/true,
+                                                   /*create_graph=*/true)[0];
+        return (h * g.sum(1, true)).tanh();
+      },
+      {x, linear->weight, norm->weight, norm->bias});
   const auto expected = run.plain(x);
   for (const Entry entry : entries()) {
     SCOPED_TRACE(name_of(entry));
@@ -368,18 +369,16 @@ TEST_P(ValueCheck, RegionsAppliedWithoutOptionsAreNamedByModule) {
   const at::Tensor w = torch::randn({16, 16}, torch::requires_grad());
   const at::Tensor x = torch::randn({8, 16}, torch::requires_grad());
   torch::nn::Sequential model{torch::nn::Identity(), ProgramModule([&](const at::Tensor& in) {
-    return in.mm(w) * call("sac_values_test::drift", in.detach());
-  })};
+                                return in.mm(w) * call("sac_values_test::drift", in.detach());
+                              })};
   ASSERT_EQ(sac::apply_activation_checkpointing(
-                model.ptr(), [](const std::string& name, const torch::nn::Module&) {
-                  return name == "1";
-                }),
+                model.ptr(),
+                [](const std::string& name, const torch::nn::Module&) { return name == "1"; }),
             1);
   drift_calls = 0;
   sac::DeterminismCheckGuard values(DeterminismCheck::Values);
   const at::Tensor y = model->forward(x);
-  const std::string message =
-      sac_test::error_of([&] { torch::autograd::grad({y.sum()}, {x, w}); });
+  const std::string message = sac_test::error_of([&] { torch::autograd::grad({y.sum()}, {x, w}); });
   expect_contains(message, "sac::checkpoint: the recomputation of region `1` gave a different");
 }
 
@@ -394,11 +393,13 @@ TEST_P(ValueCheck, ARouterWhoseTopKFlipsIsNamedAndKeepingItIsExact) {
   const at::Tensor bias = torch::tensor({1e-4f, 0.0f, -100.0f, -100.0f});
   const at::Tensor experts = torch::randn({4, 16}, torch::requires_grad());
   const at::Tensor x = torch::randn({8, 16}, torch::requires_grad());
-  const ProgramRuns run([&](const at::Tensor& in) {
-    const at::Tensor scores = call("sac_values_test::jitter", in.detach().mm(router) + bias);
-    const at::Tensor chosen = std::get<1>(scores.topk(1)).squeeze(1);
-    return in * experts.index_select(0, chosen);
-  }, {x, experts});
+  const ProgramRuns run(
+      [&](const at::Tensor& in) {
+        const at::Tensor scores = call("sac_values_test::jitter", in.detach().mm(router) + bias);
+        const at::Tensor chosen = std::get<1>(scores.topk(1)).squeeze(1);
+        return in * experts.index_select(0, chosen);
+      },
+      {x, experts});
   const auto expected = run.plain(x);
   const sac::Policy keep_routes = sac::any_of({sac::nothing_saveable(), sac::shape_deciding_ops()});
   for (const Entry entry : entries()) {
@@ -407,8 +408,8 @@ TEST_P(ValueCheck, ARouterWhoseTopKFlipsIsNamedAndKeepingItIsExact) {
     expect_contains(checked.error, "made by aten::topk (its call 0 in the region), saved for "
                                    "backward by aten::index_select");
 
-    const Outcome kept = run.checkpointed(
-        entry, with_check(DeterminismCheck::Values).policy(keep_routes), x);
+    const Outcome kept =
+        run.checkpointed(entry, with_check(DeterminismCheck::Values).policy(keep_routes), x);
     EXPECT_TRUE(kept.error.empty()) << kept.error;
     sac_test::expect_bit_identical(expected, kept.grads);
   }

@@ -6,7 +6,10 @@ of a function count once; members do not count (they are reached through
 their class), nor do classes only declared (opaque). Uses libclang (pip install libclang) and the include paths of
 python3's torch.
 
-  python3 tools/public_names.py [sac/sac.h] [--list]
+  python3 tools/public_names.py [sac/sac.h] [--list] [--max N]
+
+With --max N it fails (exit 1) when the header brings in more than N names:
+CI keeps sac/sac.h, the front door, at 40 or fewer.
 """
 import os
 import re
@@ -66,7 +69,13 @@ def walk(cursor, scope, names):
 
 
 def main():
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    argv = sys.argv[1:]
+    limit = None
+    if "--max" in argv:
+        at = argv.index("--max")
+        limit = int(argv[at + 1])
+        del argv[at:at + 2]
+    args = [a for a in argv if not a.startswith("--")]
     header = args[0] if args else "sac/sac.h"
     flags = ["-xc++", "-std=c++17", f"-I{ROOT}"]
     flags += [f"-isystem{p}" for p in torch_includes() + gcc_includes()]
@@ -86,10 +95,15 @@ def main():
             names.add((child.spelling, "macro"))
     headers = {os.path.relpath(os.path.realpath(i.include.name), ROOT)
                for i in tu.get_includes() if public_file(i.include.name)}
-    if "--list" in sys.argv:
+    if "--list" in argv:
         for name, kind in sorted(names):
             print(f"{kind:9} {name}")
     print(f"{header}: {len(names)} public names from {len(headers) + 1} sac headers")
+    if limit is not None and len(names) > limit:
+        print(f"{header} declares {len(names)} public names, more than {limit}: move plumbing to "
+              f"an internal/ header, or a feature to a door of its own (see sac/sac.h)",
+              file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 #include "python_policy.h"
 
 #include <sac/sac.h>
+#include <sac/lab.h>
 
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
@@ -40,9 +41,7 @@ RegionProfile::SortBy sort_by(const std::string& name) {
   TORCH_CHECK(false, "sac: sort by \"order\", \"bytes\" or \"time\", not \"", name, "\"");
 }
 
-std::string op_name(const OpCallProfile& call) {
-  return c10::toString(call.op.operator_name());
-}
+std::string op_name(const OpCallProfile& call) { return c10::toString(call.op.operator_name()); }
 
 const char* outcome_name(ExplainedCall::Outcome outcome) {
   switch (outcome) {
@@ -55,14 +54,24 @@ const char* outcome_name(ExplainedCall::Outcome outcome) {
   return "?";
 }
 
-py::dict counts_as_dict(const RegionCounts& c) {
+py::dict counts_as_dict(const RegionStatistics::Counts& c) {
   py::dict d;
 #define SAC_COUNT(field) d[#field] = c.field
-  SAC_COUNT(forwards); SAC_COUNT(calls_seen); SAC_COUNT(calls_saved);
-  SAC_COUNT(calls_offloaded); SAC_COUNT(calls_recomputed); SAC_COUNT(calls_demoted);
-  SAC_COUNT(tags); SAC_COUNT(bytes_kept); SAC_COUNT(bytes_offloaded);
-  SAC_COUNT(bytes_dropped); SAC_COUNT(collectives_issued); SAC_COUNT(recomputations);
-  SAC_COUNT(calls_served); SAC_COUNT(calls_rerun); SAC_COUNT(collectives_reissued);
+  SAC_COUNT(forwards);
+  SAC_COUNT(calls_seen);
+  SAC_COUNT(calls_saved);
+  SAC_COUNT(calls_offloaded);
+  SAC_COUNT(calls_recomputed);
+  SAC_COUNT(calls_demoted);
+  SAC_COUNT(tags);
+  SAC_COUNT(bytes_saved);
+  SAC_COUNT(bytes_offloaded);
+  SAC_COUNT(bytes_dropped);
+  SAC_COUNT(collectives_issued);
+  SAC_COUNT(recomputations);
+  SAC_COUNT(calls_served);
+  SAC_COUNT(calls_rerun);
+  SAC_COUNT(collectives_reissued);
   SAC_COUNT(recompute_seconds);
 #undef SAC_COUNT
   return d;
@@ -72,15 +81,16 @@ py::dict counts_as_dict(const RegionCounts& c) {
 
 void add_lab(py::module_& m) {
   py::class_<RegionStatistics, std::shared_ptr<RegionStatistics>>(
-      m, "Statistics",
+      m, "RegionStatistics",
       "What selective regions did with their ops, summed over the regions given it.")
       .def(py::init<>())
-      .def("read", [](const RegionStatistics& s) { return counts_as_dict(s.read()); },
-           "The counts so far, as a dict (sac/cache/statistics.h says what each means).")
+      .def(
+          "read", [](const RegionStatistics& s) { return counts_as_dict(s.read()); },
+          "The counts so far, as a dict (sac/cache/statistics.h says what each means).")
       .def("reset", &RegionStatistics::reset)
       .def("__str__", [](const RegionStatistics& s) { return printed(s.read()); });
 
-  py::class_<OpCallProfile>(m, "OpCall", "One op call of a profiled region.")
+  py::class_<OpCallProfile>(m, "OpCallProfile", "One op call of a profiled region.")
       .def_property_readonly("op", &op_name)
       .def_readonly("call", &OpCallProfile::call)
       .def_readonly("output_bytes", &OpCallProfile::output_bytes)
@@ -93,27 +103,32 @@ void add_lab(py::module_& m) {
       .def_readonly("modified_later", &OpCallProfile::modified_later)
       .def_property_readonly("keepable", &OpCallProfile::keepable)
       .def("__repr__", [](const OpCallProfile& c) {
-        return "<sac.OpCall " + op_name(c) + " #" + std::to_string(c.call) + ", " +
+        return "<torch_sac.OpCallProfile " + op_name(c) + " #" + std::to_string(c.call) + ", " +
                std::to_string(c.output_bytes) + " bytes>";
       });
 
-  py::class_<RegionProfile>(m, "Profile", "What a region's ops cost, call by call.")
+  py::class_<RegionProfile>(m, "RegionProfile", "What a region's ops cost, call by call.")
       .def_property_readonly("calls", &RegionProfile::calls)
       .def("keepable_bytes", &RegionProfile::keepable_bytes)
       .def("keepable_seconds", &RegionProfile::keepable_seconds)
-      .def("table", [](const RegionProfile& p, const std::string& sort, size_t limit) {
-             return printed(p, sort_by(sort), limit);
-           }, py::arg("sort") = "order", py::arg("limit") = 0)
-      .def("csv", [](const RegionProfile& p) {
-        std::ostringstream out;
-        p.write_csv(out);
-        return out.str();
-      })
+      .def(
+          "table",
+          [](const RegionProfile& p, const std::string& sort, size_t limit) {
+            return printed(p, sort_by(sort), limit);
+          },
+          py::arg("sort") = "order", py::arg("limit") = 0)
+      .def("csv",
+           [](const RegionProfile& p) {
+             std::ostringstream out;
+             p.write_csv(out);
+             return out.str();
+           })
       .def("__str__", [](const RegionProfile& p) { return printed(p); });
 
-  m.def("profile",
-        [](const std::function<void()>& region, int runs) { return profile(region, runs); },
-        py::arg("region"), py::arg("runs") = 3);
+  m.def(
+      "profile",
+      [](const std::function<void()>& region, int runs) { return profile(region, runs); },
+      py::arg("region"), py::arg("runs") = 3);
 
   py::class_<BudgetedPlan>(m, "BudgetedPlan", "One budget shared by several regions.")
       .def_readonly("policies", &BudgetedPlan::policies)
@@ -123,29 +138,31 @@ void add_lab(py::module_& m) {
       .def_readonly("exact", &BudgetedPlan::exact)
       .def_readonly("gap_seconds", &BudgetedPlan::gap_seconds)
       .def_readonly("solver_seconds", &BudgetedPlan::solver_seconds);
-  m.def("budgeted_plan",
-        [](const std::vector<RegionProfile>& profiles, std::optional<int64_t> bytes,
-           std::optional<double> fraction) {
-          return budgeted_plan(profiles, budget_of(bytes, fraction));
-        },
-        py::arg("profiles"), py::kw_only(), py::arg("bytes") = py::none(),
-        py::arg("fraction") = py::none());
-  m.def("budgeted_policy",
-        [](const RegionProfile& profile, std::optional<int64_t> bytes,
-           std::optional<double> fraction) {
-          return budgeted_policy(profile, budget_of(bytes, fraction));
-        },
-        py::arg("profile"), py::kw_only(), py::arg("bytes") = py::none(),
-        py::arg("fraction") = py::none());
+  m.def(
+      "budgeted_plan",
+      [](const std::vector<RegionProfile>& profiles, std::optional<int64_t> bytes,
+         std::optional<double> fraction) {
+        return budgeted_plan(profiles, budget_of(bytes, fraction));
+      },
+      py::arg("profiles"), py::kw_only(), py::arg("bytes") = py::none(),
+      py::arg("fraction") = py::none());
+  m.def(
+      "budgeted_policy",
+      [](const RegionProfile& profile, std::optional<int64_t> bytes,
+         std::optional<double> fraction) {
+        return budgeted_policy(profile, budget_of(bytes, fraction));
+      },
+      py::arg("profile"), py::kw_only(), py::arg("bytes") = py::none(),
+      py::arg("fraction") = py::none());
 
   py::class_<ExplainedCall>(m, "ExplainedCall", "One call, the policy's answer and its fate.")
       .def_readonly("profile", &ExplainedCall::profile)
-      .def_property_readonly("answer", [](const ExplainedCall& c) -> py::object {
-        return c.answer ? to_python(*c.answer) : py::none();
-      })
-      .def_property_readonly("outcome", [](const ExplainedCall& c) {
-        return outcome_name(c.outcome);
-      });
+      .def_property_readonly("answer",
+                             [](const ExplainedCall& c) -> py::object {
+                               return c.answer ? to_python(*c.answer) : py::none();
+                             })
+      .def_property_readonly("outcome",
+                             [](const ExplainedCall& c) { return outcome_name(c.outcome); });
   py::class_<Explanation>(m, "Explanation", "What a policy does with a region, call by call.")
       .def_property_readonly("calls", &Explanation::calls)
       .def("kept_bytes", &Explanation::kept_bytes)
@@ -168,31 +185,38 @@ void add_lab(py::module_& m) {
       .def_property_readonly("regions", &StepPhases::regions)
       .def_property_readonly("events", &StepPhases::events)
       .def("peak", &StepPhases::peak)
-      .def("predict_peak", [](const StepPhases& p, const BudgetedPlan& plan) {
-             return p.predict_peak(plan);
-           }, py::arg("plan"))
-      .def("predict_peak_of", [](const StepPhases& p, const std::vector<Explanation>& regions) {
-             std::vector<std::vector<KeptCall>> kept;
-             for (const Explanation& e : regions) {
-               kept.push_back(e.kept_calls());
-             }
-             return p.predict_peak(kept);
-           }, py::arg("explanations"))
-      .def("plan_for_peak", [](const StepPhases& p, const std::vector<RegionProfile>& profiles,
-                               int64_t peak_bytes) { return p.plan_for_peak(profiles, peak_bytes); },
-           py::arg("profiles"), py::arg("peak_bytes"))
+      .def(
+          "predict_peak",
+          [](const StepPhases& p, const BudgetedPlan& plan) { return p.predict_peak(plan); },
+          py::arg("plan"))
+      .def(
+          "predict_peak_of",
+          [](const StepPhases& p, const std::vector<Explanation>& regions) {
+            std::vector<std::vector<KeptCall>> kept;
+            for (const Explanation& e : regions) {
+              kept.push_back(e.kept_calls());
+            }
+            return p.predict_peak(kept);
+          },
+          py::arg("explanations"))
+      .def(
+          "plan_for_peak",
+          [](const StepPhases& p, const std::vector<RegionProfile>& profiles, int64_t peak_bytes) {
+            return p.plan_for_peak(profiles, peak_bytes);
+          },
+          py::arg("profiles"), py::arg("peak_bytes"))
       .def("__str__", [](const StepPhases& p) { return printed(p, nullptr); });
-  m.def("measure_step_phases",
-        [](const std::function<void()>& step, const std::function<int64_t()>& live,
-           const std::function<int64_t()>& peak, const std::function<void()>& reset_peak) {
-          MemoryProbe probe;
-          probe.live = live;
-          probe.peak = peak;
-          probe.reset_peak = reset_peak;
-          return measure_step_phases(probe, step);
-        },
-        py::arg("step"), py::kw_only(), py::arg("live"), py::arg("peak"),
-        py::arg("reset_peak"));
+  m.def(
+      "measure_step_phases",
+      [](const std::function<void()>& step, const std::function<int64_t()>& live,
+         const std::function<int64_t()>& peak, const std::function<void()>& reset_peak) {
+        MemoryProbe probe;
+        probe.live = live;
+        probe.peak = peak;
+        probe.reset_peak = reset_peak;
+        return measure_step_phases(probe, step);
+      },
+      py::arg("step"), py::kw_only(), py::arg("live"), py::arg("peak"), py::arg("reset_peak"));
 }
 
 }  // namespace sac::python

@@ -1,11 +1,13 @@
-// sac._C: sac's selective checkpointing modes and policies as a Python
-// module. python/sac/__init__.py is its front: it turns PyTorch's arguments
-// (op overloads, policy functions) into these.
+// torch_sac._C: sac's selective checkpointing modes and policies as a Python
+// module. python/torch_sac/__init__.py is its front: it turns PyTorch's
+// arguments (op overloads, policy functions) into these.
 #include "hooks_bridge.h"
 #include "lab.h"
 #include "python_policy.h"
 
 #include <sac/sac.h>
+#include <sac/policy/presets.h>
+#include <sac/base/internal/check.h>
 #include <sac/base/internal/region_events.h>
 
 #include <pybind11/pybind11.h>
@@ -91,12 +93,12 @@ class Region {
 
   void enter() {
     TORCH_CHECK(!region_, "sac.region: this region is active already; make a new "
-                "sac.region(...) for each `with`.");
+                          "sac.region(...) for each `with`.");
     region_.emplace(options_);
   }
   void exit(bool raised) {
     TORCH_CHECK(region_, "sac.region was exited without being entered; use it as a "
-                "context manager (`with sac.region(...):`).");
+                         "context manager (`with sac.region(...):`).");
     detail::end_region(*region_, raised);
     region_.reset();
   }
@@ -115,6 +117,22 @@ py::tuple contexts(const Policy& policy, bool allow_cache_entry_mutation,
                         Mode(region, pair.cached, Mode::Kind::Cached));
 }
 
+// torch_sac.CheckpointError, set by the package's __init__ (never freed: the
+// translator may run until the interpreter exits).
+PyObject* checkpoint_error_type = nullptr;
+
+// See Note [CheckpointError in Python].
+[[noreturn]] void throw_as_python(const CheckpointError& error) {
+  if (checkpoint_error_type == nullptr || !Py_IsInitialized()) {
+    throw error;
+  }
+  py::gil_scoped_acquire gil;
+  PyErr_SetString(checkpoint_error_type, error.what_without_backtrace());
+  python_error translated;
+  translated.persist();
+  throw translated;
+}
+
 }  // namespace
 }  // namespace sac::python
 
@@ -131,33 +149,45 @@ PYBIND11_MODULE(_C, m) {
       }
     } catch (const c10::Error& e) {
       torch::translate_exception_to_python(std::current_exception());
+    } catch (python_error& e) {
+      e.restore();
     }
+  });
+  m.def("_set_checkpoint_error", [](py::object type) {
+    sac::python::checkpoint_error_type = type.release().ptr();
+    detail::set_checkpoint_error_translator(&sac::python::throw_as_python);
   });
   sac::python::install_hooks_bridge(m);
   sac::python::add_lab(m);
   py::class_<Policy>(m, "Policy", "Which op calls to save, recompute or offload.")
       .def("describe", &Policy::describe)
-      .def("__repr__", [](const Policy& p) { return "sac.Policy(" + p.describe() + ")"; });
+      .def("__repr__", [](const Policy& p) { return "torch_sac.Policy(" + p.describe() + ")"; });
 
   // The modes' entries and exits run inside torch's own error and warning
   // handling (HANDLE_TH_ERRORS): their warnings (a demoted call, an
   // untagged name) become Python warnings, as those of ops do.
   py::class_<Mode>(m, "Mode", "One of sac's two modes, as a context manager.")
-      .def("__enter__", [](Mode& mode) -> Mode& {
+      .def(
+          "__enter__",
+          [](Mode& mode) -> Mode& {
+            HANDLE_TH_ERRORS
+            mode.enter();
+            return mode;
+            END_HANDLE_TH_ERRORS_PYBIND
+          },
+          py::return_value_policy::reference)
+      .def("__exit__",
+           [](Mode& mode, py::args) {
              HANDLE_TH_ERRORS
-             mode.enter();
-             return mode;
+             mode.exit();
+             return false;
              END_HANDLE_TH_ERRORS_PYBIND
-           }, py::return_value_policy::reference)
-      .def("__exit__", [](Mode& mode, py::args) {
-        HANDLE_TH_ERRORS
-        mode.exit();
-        return false;
-        END_HANDLE_TH_ERRORS_PYBIND
-      })
-      .def("__repr__", [](const Mode& mode) { return std::string("<sac ") + mode.name() + " mode>"; });
+           })
+      .def("__repr__",
+           [](const Mode& mode) { return std::string("<sac ") + mode.name() + " mode>"; });
 
-  py::class_<sac::python::Region>(m, "Region", "sac::CheckpointRegion, as a context manager.")
+  py::class_<sac::python::Region>(m, "CheckpointRegion",
+                                  "sac::CheckpointRegion, as a context manager.")
       .def(py::init([](std::optional<Policy> policy, bool preserve_rng_state, bool debug,
                        bool allow_cache_entry_mutation,
                        std::shared_ptr<RegionStatistics> statistics,
@@ -169,7 +199,8 @@ PYBIND11_MODULE(_C, m) {
              TORCH_CHECK(determinism_check == "default" || determinism_check == "none" ||
                              determinism_check == "values",
                          "sac.region: determinism_check must be \"default\", \"none\" or "
-                         "\"values\", not \"", determinism_check, "\".");
+                         "\"values\", not \"",
+                         determinism_check, "\".");
              options.preserve_rng_state(preserve_rng_state)
                  .debug(debug)
                  .determinism_check(determinism_check == "values" ? DeterminismCheck::Values
@@ -188,12 +219,15 @@ PYBIND11_MODULE(_C, m) {
            py::arg("policy"), py::arg("preserve_rng_state"), py::arg("debug"),
            py::arg("allow_cache_entry_mutation"), py::arg("statistics"),
            py::arg("determinism_check"), py::arg("name"))
-      .def("__enter__", [](sac::python::Region& region) -> sac::python::Region& {
-             HANDLE_TH_ERRORS
-             region.enter();
-             return region;
-             END_HANDLE_TH_ERRORS_PYBIND
-           }, py::return_value_policy::reference)
+      .def(
+          "__enter__",
+          [](sac::python::Region& region) -> sac::python::Region& {
+            HANDLE_TH_ERRORS
+            region.enter();
+            return region;
+            END_HANDLE_TH_ERRORS_PYBIND
+          },
+          py::return_value_policy::reference)
       .def("__exit__", [](sac::python::Region& region, py::handle type, py::args) {
         HANDLE_TH_ERRORS
         region.exit(!type.is_none());
@@ -201,21 +235,20 @@ PYBIND11_MODULE(_C, m) {
         END_HANDLE_TH_ERRORS_PYBIND
       });
 
-  m.def("create_selective_checkpoint_contexts", &sac::python::contexts,
-        py::arg("policy"), py::arg("allow_cache_entry_mutation") = false,
-        py::arg("statistics") = nullptr);
+  m.def("create_selective_checkpoint_contexts", &sac::python::contexts, py::arg("policy"),
+        py::arg("allow_cache_entry_mutation") = false, py::arg("statistics") = nullptr);
 
   // Policies.
   m.def("save_ops", &Policy::save_ops, py::arg("op_names"));
-  m.def("answer_ops",
-        [](const std::vector<std::string>& names, py::handle answer) {
-          return Policy::answer_ops(names,
-                                    sac::python::checkpoint_policy_from_python(answer));
-        },
-        py::arg("op_names"), py::arg("answer"));
+  m.def(
+      "answer_ops",
+      [](const std::vector<std::string>& names, py::handle answer) {
+        return Policy::answer_ops(names, sac::python::checkpoint_policy_from_python(answer));
+      },
+      py::arg("op_names"), py::arg("answer"));
   m.def("policy_from_fn", &sac::python::policy_from_python, py::arg("policy_fn"));
-  m.def("answer_for_pytorch", &sac::python::answer_for_pytorch, py::arg("policy"),
-        py::arg("op"), py::arg("args"), py::arg("kwargs"), py::arg("output"), py::arg("call"));
+  m.def("answer_for_pytorch", &sac::python::answer_for_pytorch, py::arg("policy"), py::arg("op"),
+        py::arg("args"), py::arg("kwargs"), py::arg("output"), py::arg("call"));
 
   // Presets (sac/policy/presets.h).
   m.def("nothing_saveable", &nothing_saveable);
@@ -235,17 +268,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("all_of", &all_of, py::arg("policies"));
   m.def("except_", &sac::except, py::arg("policy"), py::arg("excluded"));
   m.def("every_nth", &every_nth, py::arg("op_name"), py::arg("n"));
-  m.def("offload_if",
-        py::overload_cast<Policy, int64_t>(&offload_if), py::arg("policy"),
+  m.def("offload_if", py::overload_cast<Policy, int64_t>(&offload_if), py::arg("policy"),
         py::arg("min_bytes"));
 
   // Named values (sac/policy/tag.h, names.h).
   m.def("tag", &tag, py::arg("tensor"), py::arg("name"));
   m.def("save_only_these_names", &save_only_these_names, py::arg("names"));
-  m.def("save_and_offload_only_these_names", &save_and_offload_only_these_names,
-        py::arg("save"), py::arg("offload"));
+  m.def("save_and_offload_only_these_names", &save_and_offload_only_these_names, py::arg("save"),
+        py::arg("offload"));
   m.def("save_any_names_but_these", &save_any_names_but_these, py::arg("names"));
 
-  m.def("mechanism", [] { return std::string(dispatch::to_string(dispatch::mechanism())); },
-        "How sac sits below autograd: per-op kernels or the fallback key (SAC_DISPATCH).");
+  m.def(
+      "mechanism", [] { return std::string(dispatch::to_string(dispatch::mechanism())); },
+      "How sac sits below autograd: per-op kernels or the fallback key (SAC_DISPATCH).");
 }

@@ -1,5 +1,7 @@
 #include "python_policy.h"
 
+#include <sac/policy/internal/answers.h>
+
 #include <torch/csrc/jit/python/pybind_utils.h>
 
 #include <memory>
@@ -29,13 +31,13 @@ py::object op_object(const c10::OperatorHandle& op) {
   }
   const auto& name = op.operator_name();
   auto separator = name.name.find("::");
-  TORCH_CHECK(separator != std::string::npos, "sac: op name without a namespace: ",
-              name.name);
-  py::object object = py::module_::import("torch").attr("ops")
-                          .attr(name.name.substr(0, separator).c_str())
-                          .attr(name.name.substr(separator + 2).c_str())
-                          .attr(name.overload_name.empty() ? "default"
-                                                           : name.overload_name.c_str());
+  TORCH_CHECK(separator != std::string::npos, "sac: op name without a namespace: ", name.name);
+  py::object object =
+      py::module_::import("torch")
+          .attr("ops")
+          .attr(name.name.substr(0, separator).c_str())
+          .attr(name.name.substr(separator + 2).c_str())
+          .attr(name.overload_name.empty() ? "default" : name.overload_name.c_str());
   objects->emplace(name, object);
   return object;
 }
@@ -75,8 +77,8 @@ std::vector<c10::IValue> output_stack(const c10::FunctionSchema& schema, py::han
     return stack;
   }
   py::tuple items = py::reinterpret_borrow<py::tuple>(output);
-  TORCH_CHECK(items.size() == returns.size(), "sac: ", schema.name(), " returns ",
-              returns.size(), " values but PyTorch's mode gave ", items.size());
+  TORCH_CHECK(items.size() == returns.size(), "sac: ", schema.name(), " returns ", returns.size(),
+              " values but PyTorch's mode gave ", items.size());
   for (size_t i = 0; i < returns.size(); ++i) {
     stack.push_back(torch::jit::toIValue(items[i], returns[i].type()));
   }
@@ -85,8 +87,8 @@ std::vector<c10::IValue> output_stack(const c10::FunctionSchema& schema, py::han
 
 }  // namespace
 
-py::object answer_for_pytorch(const Policy& policy, py::handle op, py::tuple args,
-                              py::dict kwargs, py::handle output, size_t call) {
+py::object answer_for_pytorch(const Policy& policy, py::handle op, py::tuple args, py::dict kwargs,
+                              py::handle output, size_t call) {
   if (!py::hasattr(op, "_schema")) {  // a higher-order op: no schema to ask about
     return to_python(CheckpointPolicy::PreferRecompute);
   }
@@ -109,8 +111,7 @@ py::object to_python(CheckpointPolicy answer) {
   return checkpoint_module().attr("CheckpointPolicy")(static_cast<int>(answer));
 }
 
-CheckpointPolicy checkpoint_policy_from_python(py::handle answer,
-                                               const c10::OperatorHandle* op) {
+CheckpointPolicy checkpoint_policy_from_python(py::handle answer, const c10::OperatorHandle* op) {
   if (py::isinstance<py::bool_>(answer)) {
     return policy_from_bool(answer.cast<bool>());
   }

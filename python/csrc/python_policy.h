@@ -22,9 +22,8 @@ Policy policy_from_python(pybind11::function fn);
 // its torch.ops overload, the call's arguments and output as Python objects,
 // and which call of the op it is. An op sac does not know, or one outside
 // the policy's domain, is PREFER_RECOMPUTE.
-pybind11::object answer_for_pytorch(const Policy& policy, pybind11::handle op,
-                                    pybind11::tuple args, pybind11::dict kwargs,
-                                    pybind11::handle output, size_t call);
+pybind11::object answer_for_pytorch(const Policy& policy, pybind11::handle op, pybind11::tuple args,
+                                    pybind11::dict kwargs, pybind11::handle output, size_t call);
 
 // PyTorch's CheckpointPolicy value for sac's answer, and back.
 pybind11::object to_python(CheckpointPolicy answer);

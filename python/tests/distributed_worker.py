@@ -36,7 +36,7 @@ from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 from torch.utils.checkpoint import (  # noqa: E402
     create_selective_checkpoint_contexts, noop_context_fn)
 
-import sac  # noqa: E402
+import torch_sac as sac  # noqa: E402
 from test_models import OPS, enable_checkpointing  # noqa: E402
 
 TIMEOUT = timedelta(seconds=60)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.checkpoint import create_selective_checkpoint_contexts as torch_contexts
 
-import sac
+import torch_sac as sac
 import test_models as models
 from support import counting_allocator, no_collection
 from test_region import needs_fallback

@@ -12,7 +12,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint
 from torch.utils.checkpoint import create_selective_checkpoint_contexts as torch_contexts
 
-import sac
+import torch_sac as sac
 from support import block, leaves
 
 aten = torch.ops.aten

@@ -12,7 +12,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts as torch_contexts,
 )
 
-import sac
+import torch_sac as sac
 from support import block, leaves, on_threads
 
 aten = torch.ops.aten
@@ -261,3 +261,27 @@ def test_threads_checkpoint_with_sac_s_modes_at_once(policy):
     expected = gradients()
     for got in on_threads(lambda: gradients(sac.context_fn(policy))):
         assert_identical(got, expected)
+
+
+
+@pytest.mark.parametrize("contexts", ["sac", "pytorch"])
+def test_a_mutated_cache_entry_raises_checkpoint_error(contexts):
+    """sac's errors of recomputation leave torch's C++ (the cached mode runs
+    inside torch.utils.checkpoint's recomputation, inside the autograd engine)
+    as torch_sac.CheckpointError, a torch.utils.checkpoint.CheckpointError;
+    PyTorch's modes raise a RuntimeError for the same mistake."""
+    def block_and_its_mm(x, w):
+        h = x @ w
+        return h, h.sin()
+
+    ops = [aten.mm.default]
+    fn = sac.context_fn(ops) if contexts == "sac" else functools.partial(torch_contexts, ops)
+    x, w, _ = leaves()
+    h, y = checkpoint(block_and_its_mm, x, w, use_reentrant=False, context_fn=fn)
+    with torch.no_grad():
+        h.mul_(2.0)  # the cached mm output, after the forward
+    with pytest.raises(RuntimeError, match="mutated|modified in place") as raised:
+        y.sum().backward()
+    if contexts == "sac":
+        assert type(raised.value) is sac.CheckpointError
+        assert isinstance(raised.value, torch.utils.checkpoint.CheckpointError)

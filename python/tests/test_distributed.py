@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch.distributed as dist
 
-import sac
+import torch_sac as sac
 
 if not (dist.is_available() and dist.is_gloo_available()):
     pytest.skip("torch.distributed with Gloo is not available", allow_module_level=True)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint
 
-import sac
+import torch_sac as sac
 import test_models as models
 from support import block, leaves, no_collection
 from test_region import FALLBACK
@@ -48,11 +48,11 @@ def test_an_explanation_and_the_statistics_agree():
     assert e.kept_bytes() == 3 * 16 * 48 * 4
     assert "saved" in str(e)
 
-    stats = sac.Statistics()
+    stats = sac.RegionStatistics()
     out = checkpoint(block, *args, use_reentrant=False,
                      context_fn=sac.context_fn(policy, statistics=stats))
     counts = stats.read()
-    assert (counts["forwards"], counts["calls_saved"], counts["bytes_kept"]) == \
+    assert (counts["forwards"], counts["calls_saved"], counts["bytes_saved"]) == \
         (1, 3, e.kept_bytes())
     out.sum().backward()
     counts = stats.read()

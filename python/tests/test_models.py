@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts as torch_contexts
 
-import sac
+import torch_sac as sac
 
 transformers = pytest.importorskip("transformers")
 aten = torch.ops.aten

@@ -1,4 +1,4 @@
-"""The step's peak from Python (sac.measure_step, sac/lab/peak.h) on Hugging
+"""The step's peak from Python (sac.measure_step_phases, sac/lab/peak.h) on Hugging
 Face models: a step measured once under full recomputation, each layer
 profiled, then plans for five peak budgets from full recomputation's peak to
 keeping everything's. Each plan, run through torch.utils.checkpoint with
@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
-import sac
+import torch_sac as sac
 import test_models as models
 from support import counting_allocator, no_collection
 
@@ -99,7 +99,7 @@ def test_peak_plans_hold_their_budgets(architecture):
     measured(model, batch, nothing)  # one-time allocations
     m = checkpointed(model, nothing)
     with no_collection():
-        phases = sac.measure_step(lambda: run(m, batch), **PROBE)
+        phases = sac.measure_step_phases(lambda: run(m, batch), **PROBE)
     assert phases.regions > 0
     assert measured(model, batch, nothing)[0] == phases.peak()
     profiled = profiles(model, batch)
@@ -126,7 +126,7 @@ def test_presets_predicted_from_python():
     measured(model, batch, nothing)
     m = checkpointed(model, nothing)
     with no_collection():
-        phases = sac.measure_step(lambda: run(m, batch), **PROBE)
+        phases = sac.measure_step_phases(lambda: run(m, batch), **PROBE)
     for policy in [sac.everything_saveable(), sac.dots_saveable(), sac.torchtitan_default()]:
         explained = []
 
@@ -148,7 +148,7 @@ def test_measuring_a_step_that_keeps_is_an_error():
     model, batch = models.gpt2()
     m = checkpointed(model, sac.context_fn(sac.everything_saveable()))
     with pytest.raises(RuntimeError, match="kept the outputs of"):
-        sac.measure_step(lambda: run(m, batch), **PROBE)
+        sac.measure_step_phases(lambda: run(m, batch), **PROBE)
 
 
 def test_measuring_on_several_threads_is_an_error():
@@ -157,4 +157,4 @@ def test_measuring_on_several_threads_is_an_error():
     m = checkpointed(model, sac.context_fn(sac.nothing_saveable()))
     torch.set_num_threads(2)
     with pytest.raises(RuntimeError, match="intra-op threads"):
-        sac.measure_step(lambda: run(m, batch), **PROBE)
+        sac.measure_step_phases(lambda: run(m, batch), **PROBE)

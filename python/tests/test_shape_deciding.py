@@ -5,7 +5,7 @@ kept beside any policy, the recomputation routes as the forward did."""
 import torch
 from torch.utils.checkpoint import checkpoint
 
-import sac
+import torch_sac as sac
 
 
 def router_block(calls):

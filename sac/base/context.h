@@ -28,6 +28,26 @@ class RegionContext {
   // without one): nothing will be recomputed any more, so whatever the
   // context keeps for the recomputation can go.
   virtual void release() {}
+
+  // Enters a context (if not null) for the lifetime of the scope.
+  class Scope {
+   public:
+    explicit Scope(RegionContext* context) : context_(context) {
+      if (context_ != nullptr) {
+        context_->enter();
+      }
+    }
+    ~Scope() {
+      if (context_ != nullptr) {
+        context_->exit();
+      }
+    }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    RegionContext* context_;
+  };
 };
 
 // The pair a `ContextFn` returns. Either may be null (no context).
@@ -38,25 +58,5 @@ struct RegionContexts {
 
 // Called once per checkpointed call, before its forward.
 using ContextFn = std::function<RegionContexts()>;
-
-// Enters `context` (if not null) for the lifetime of the scope.
-class ContextScope {
- public:
-  explicit ContextScope(RegionContext* context) : context_(context) {
-    if (context_ != nullptr) {
-      context_->enter();
-    }
-  }
-  ~ContextScope() {
-    if (context_ != nullptr) {
-      context_->exit();
-    }
-  }
-  ContextScope(const ContextScope&) = delete;
-  ContextScope& operator=(const ContextScope&) = delete;
-
- private:
-  RegionContext* context_;
-};
 
 }  // namespace sac

@@ -74,11 +74,13 @@ class VirtualDeviceOps final : public DeviceOps {
 };
 
 // A copy back on the side stream, handed to the current stream when taken.
-class IncomingHostCopy final : public IncomingCopy {
+class IncomingHostCopy final : public CopyTarget::Incoming {
  public:
   IncomingHostCopy(std::shared_ptr<DeviceOps> ops, at::Tensor back,
                    std::unique_ptr<DeviceOps::Event> copied, c10::IntArrayRef sizes)
-      : ops_(std::move(ops)), back_(std::move(back)), copied_(std::move(copied)),
+      : ops_(std::move(ops)),
+        back_(std::move(back)),
+        copied_(std::move(copied)),
         sizes_(sizes.vec()) {}
 
   at::Tensor take() override {
@@ -107,25 +109,25 @@ class HostMemory final : public CopyTarget {
     const c10::Stream current = ops_->current_stream(t.device());
     const c10::Stream side = ops_->side_stream(t.device(), /*to_host=*/true);
     ops_->wait(side, current);  // t is made by work queued on the current stream
-    const at::Tensor source = without_broadcast(t);
-    at::Tensor host = ops_->empty_pinned(source.sizes(), c10::contiguous_strides(source.sizes()),
-                                         t.options());
+    const at::Tensor source = CopyTarget::without_broadcast(t);
+    at::Tensor host =
+        ops_->empty_pinned(source.sizes(), c10::contiguous_strides(source.sizes()), t.options());
     ops_->copy(host, source, side);
     // The caller drops t now: its memory may be reused only after the copy.
     ops_->record_stream(t, side);
     return host.expand(t.sizes());
   }
 
-  at::Tensor copy_back(const at::Tensor& copy, const CopiedFrom& from) override {
+  at::Tensor copy_back(const at::Tensor& copy, const CopyTarget::Origin& from) override {
     return start_copy_back(copy, from)->take();
   }
 
-  std::unique_ptr<IncomingCopy> start_copy_back(const at::Tensor& copy,
-                                                const CopiedFrom& from) override {
+  std::unique_ptr<CopyTarget::Incoming> start_copy_back(const at::Tensor& copy,
+                                                        const CopyTarget::Origin& from) override {
     const c10::Stream side = ops_->side_stream(from.device, /*to_host=*/false);
     // The copy out may still be writing the host memory.
     ops_->wait(side, ops_->side_stream(from.device, /*to_host=*/true));
-    const at::Tensor source = without_broadcast(copy);  // pinned
+    const at::Tensor source = CopyTarget::without_broadcast(copy);  // pinned
     // From the side stream's pool: the side stream writes it first, so no
     // kernel still queued on the current stream can be using the block.
     at::Tensor back = ops_->empty_on(side, source.sizes(), from.strides, copy.options());
@@ -139,7 +141,7 @@ class HostMemory final : public CopyTarget {
 };
 
 // What a target that copies back at once starts.
-class Arrived final : public IncomingCopy {
+class Arrived final : public CopyTarget::Incoming {
  public:
   explicit Arrived(at::Tensor t) : t_(std::move(t)) {}
   at::Tensor take() override { return std::move(t_); }
@@ -150,7 +152,7 @@ class Arrived final : public IncomingCopy {
 
 }  // namespace
 
-at::Tensor without_broadcast(const at::Tensor& t) {
+at::Tensor CopyTarget::without_broadcast(const at::Tensor& t) {
   at::Tensor out = t;
   for (int64_t d = 0; d < t.dim(); ++d) {
     if (t.stride(d) == 0 && t.size(d) > 1) {
@@ -160,8 +162,8 @@ at::Tensor without_broadcast(const at::Tensor& t) {
   return out;
 }
 
-std::unique_ptr<IncomingCopy> CopyTarget::start_copy_back(const at::Tensor& copy,
-                                                          const CopiedFrom& from) {
+std::unique_ptr<CopyTarget::Incoming> CopyTarget::start_copy_back(const at::Tensor& copy,
+                                                                  const CopyTarget::Origin& from) {
   return std::make_unique<Arrived>(copy_back(copy, from));
 }
 

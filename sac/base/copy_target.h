@@ -11,28 +11,34 @@
 
 namespace sac {
 
-// What copy_back needs of the tensor copied out: where it lived and its
-// strides (autograd's kernels can round differently on other strides, so
-// it comes back with them).
-struct CopiedFrom {
-  c10::Device device = c10::kCPU;
-  std::vector<int64_t> strides;
-  static CopiedFrom of(const at::Tensor& t) { return {t.device(), t.strides().vec()}; }
-};
-
-// A copy back started ahead of its use (a prefetch), still on its way.
-class IncomingCopy {
- public:
-  virtual ~IncomingCopy() = default;
-  // The tensor, ready for the work queued on its device after this call.
-  virtual at::Tensor take() = 0;
-};
-
 // The default, host_memory(), moves accelerator tensors to pinned host
 // memory and leaves CPU tensors where they are; tests and special memories
 // inject their own.
 class CopyTarget {
  public:
+  // What copy_back needs of the tensor copied out: where it lived and its
+  // strides (autograd's kernels can round differently on other strides, so
+  // it comes back with them).
+  struct Origin {
+    c10::Device device = c10::kCPU;
+    std::vector<int64_t> strides;
+    static Origin of(const at::Tensor& t) { return {t.device(), t.strides().vec()}; }
+  };
+
+  // A copy back started ahead of its use (a prefetch), still on its way.
+  class Incoming {
+   public:
+    virtual ~Incoming() = default;
+    // The tensor, ready for the work queued on its device after this call.
+    virtual at::Tensor take() = 0;
+  };
+
+  // For writing copy targets: `t` with its broadcast dimensions (stride 0)
+  // cut to one element, what a copy with t's strides needs to hold (copy_
+  // into a broadcast tensor fails); `copy.expand(t.sizes())` has t's sizes
+  // and strides again.
+  static at::Tensor without_broadcast(const at::Tensor& t);
+
   virtual ~CopyTarget() = default;
   // Whether `t` goes to the target at all.
   virtual bool accepts(const at::Tensor& t) const = 0;
@@ -43,11 +49,10 @@ class CopyTarget {
   virtual at::Tensor copy_out(const at::Tensor& t) = 0;
   // `copy` back on `from.device`, with `from.strides`: an equal tensor,
   // ready for the work queued after this call on the device.
-  virtual at::Tensor copy_back(const at::Tensor& copy, const CopiedFrom& from) = 0;
+  virtual at::Tensor copy_back(const at::Tensor& copy, const Origin& from) = 0;
   // copy_back in two steps, so that the copy overlaps the work queued
   // before `take()`; by default it copies back at once.
-  virtual std::unique_ptr<IncomingCopy> start_copy_back(const at::Tensor& copy,
-                                                        const CopiedFrom& from);
+  virtual std::unique_ptr<Incoming> start_copy_back(const at::Tensor& copy, const Origin& from);
 };
 
 // Pinned host memory for an accelerator's tensors (CUDA, HIP, XPU; strided):
@@ -62,11 +67,5 @@ class CopyTarget {
 // the tensor's strides; the current stream waits for a copy back when it is
 // taken, so a prefetch overlaps the work queued until then.
 std::shared_ptr<CopyTarget> host_memory();
-
-// For writing copy targets: `t` with its broadcast dimensions (stride 0)
-// cut to one element, what a copy with t's strides needs to hold (copy_
-// into a broadcast tensor fails); `copy.expand(t.sizes())` has t's sizes
-// and strides again.
-at::Tensor without_broadcast(const at::Tensor& t);
 
 }  // namespace sac

@@ -61,8 +61,7 @@ class HookingEngine final : public torch::autograd::Engine {
     return *engine;
   }
 
-  std::unique_ptr<torch::autograd::SavedVariableHooks>
-  get_default_saved_variable_hooks() override {
+  std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks() override {
     if (tls_hidden) {
       return nullptr;
     }
@@ -82,11 +81,10 @@ class HookingEngine final : public torch::autograd::Engine {
   // its nodes, as at::ThreadLocalState takes PyTorch's own (the graph task
   // captures it in Engine::execute). This thread, which runs the CPU nodes,
   // goes through it too, so that all of them take turns.
-  torch::autograd::variable_list execute(
-      const torch::autograd::edge_list& roots,
-      const torch::autograd::variable_list& inputs, bool keep_graph,
-      bool create_graph, bool accumulate_grad,
-      const torch::autograd::edge_list& outputs) override {
+  torch::autograd::variable_list execute(const torch::autograd::edge_list& roots,
+                                         const torch::autograd::variable_list& inputs,
+                                         bool keep_graph, bool create_graph, bool accumulate_grad,
+                                         const torch::autograd::edge_list& outputs) override {
     dispatch::CarryToEngineThreads interception;
     CarryStash stash;
     std::optional<CarriedGuard<CarriedHooks>> hooks;
@@ -103,8 +101,7 @@ class HookingEngine final : public torch::autograd::Engine {
         }
       }
     } restore{own};
-    return Engine::execute(roots, inputs, keep_graph, create_graph, accumulate_grad,
-                           outputs);
+    return Engine::execute(roots, inputs, keep_graph, create_graph, accumulate_grad, outputs);
   }
 
  private:
@@ -126,18 +123,17 @@ void install_hooking_engine() {
         "sac: cannot install sac's saved-tensor hooks: the autograd engine of "
         "this process is not LibTorch's base engine (Python's torch module is "
         "loaded, or another library replaced the engine). sac::checkpoint "
-        "needs the base engine; in a Python process, import sac's Python "
-        "package, which hands sac's hooks to Python's engine.");
+        "needs the base engine; in a Python process, import torch_sac (sac's Python "
+        "package), which hands sac's hooks to Python's engine.");
     torch::autograd::set_default_engine_stub(&HookingEngine::get);
     engine_installed = true;
   });
   // A failed check above leaves `once` unset, so the next call checks again;
   // a later replacement of the engine is caught here.
-  SAC_CHECKPOINT_CHECK(
-      &torch::autograd::Engine::get_default_engine() == &HookingEngine::get(),
-      "sac: the autograd engine was replaced after sac installed its own; "
-      "saved-tensor hooks would not run. Do not load Python's torch module "
-      "(or another engine) into a process that uses sac::checkpoint.");
+  SAC_CHECKPOINT_CHECK(&torch::autograd::Engine::get_default_engine() == &HookingEngine::get(),
+                       "sac: the autograd engine was replaced after sac installed its own; "
+                       "saved-tensor hooks would not run. Do not load Python's torch module "
+                       "(or another engine) into a process that uses sac::checkpoint.");
 }
 
 void set_saved_tensor_hooks_bridge(SavedTensorHooksBridge* bridge) {

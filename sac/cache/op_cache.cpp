@@ -108,8 +108,7 @@ OpCache::Call& OpCache::add(const c10::OperatorHandle& op) {
   return call;
 }
 
-void OpCache::append_recompute(const c10::OperatorHandle& op,
-                               c10::ArrayRef<c10::IValue> outputs,
+void OpCache::append_recompute(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> outputs,
                                std::optional<GeneratorSnapshot> generator) {
   if (!track_producers_) {
     calls_of(op).push_back(kRecomputed);
@@ -153,8 +152,7 @@ void OpCache::keep(Call& call, c10::ArrayRef<at::Tensor> tensors,
   ++saved_calls_;
 }
 
-void OpCache::append_saved(const c10::OperatorHandle& op,
-                           c10::ArrayRef<c10::IValue> outputs,
+void OpCache::append_saved(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> outputs,
                            std::optional<GeneratorSnapshot> generator,
                            std::shared_ptr<CopyTarget> offload_to) {
   Call& call = add(op);
@@ -202,13 +200,14 @@ std::optional<std::string> OpCache::keep_late(const Producer& producer,
     Slot& slot = call.slots[index];
     at::Tensor t(slot.returned->lock());
     if (!t.defined()) {
-      return c10::str("its output ", index, " was freed already (sac holds the "
+      return c10::str("its output ", index,
+                      " was freed already (sac holds the "
                       "outputs of the latest call only: tag a value right after the "
                       "op that returned it)");
     }
     if (slot.version.changed()) {
-      return c10::str("its output ", index, " was modified in place (",
-                      own_change(slot.version), ")");
+      return c10::str("its output ", index, " was modified in place (", own_change(slot.version),
+                      ")");
     }
     if (t.has_storage() && producers_.aliases_modified(t.storage().unsafeGetStorageImpl())) {
       return c10::str("its output ", index, " was modified in place ", kThroughAnotherTensor);
@@ -253,8 +252,7 @@ void OpCache::stop_tracking() {
   }
 }
 
-std::optional<std::pair<size_t, std::string>> OpCache::first_modified(
-    const Call& call) const {
+std::optional<std::pair<size_t, std::string>> OpCache::first_modified(const Call& call) const {
   for (size_t index = 0; index < call.slots.size(); ++index) {
     const Slot& slot = call.slots[index];
     if (slot.version.changed()) {
@@ -374,9 +372,8 @@ std::vector<c10::IValue> OpCache::outputs_of(Call& call, bool consume) {
   for (const auto& output : call.outputs) {
     outputs.push_back(map_tensors(output, [&](const at::Tensor&) {
       TORCH_INTERNAL_ASSERT(position < call.defined.size());
-      return call.defined[position++]
-                 ? call.slots[slot++].tensor(consume, call.target.get())
-                 : at::Tensor();
+      return call.defined[position++] ? call.slots[slot++].tensor(consume, call.target.get())
+                                      : at::Tensor();
     }));
   }
   return outputs;
@@ -396,11 +393,12 @@ const OpCache::Call* OpCache::find(const c10::OperatorHandle& op, size_t call,
   }
   const size_t recorded_calls = count;
   SAC_CHECKPOINT_CHECK(recorded_calls > 0, "sac: ", op.operator_name(),
-              " ran during recomputation but never in the checkpointed "
-              "forward. ", kMismatchHint);
+                       " ran during recomputation but never in the checkpointed "
+                       "forward. ",
+                       kMismatchHint);
   SAC_CHECKPOINT_CHECK(false, "sac: ", op.operator_name(), " ran at least ", call + 1,
-              " times during recomputation but only ", recorded_calls,
-              " times in the checkpointed forward. ", kMismatchHint);
+                       " times during recomputation but only ", recorded_calls,
+                       " times in the checkpointed forward. ", kMismatchHint);
 }
 
 bool OpCache::cached(const c10::OperatorHandle& op, size_t call) const {
@@ -411,8 +409,7 @@ bool OpCache::cached(const c10::OperatorHandle& op, size_t call) const {
          !(recording_ && first_modified(*found).has_value());
 }
 
-OpCache::Served OpCache::take(const c10::OperatorHandle& op, size_t index,
-                              bool allow_mutation) {
+OpCache::Served OpCache::take(const c10::OperatorHandle& op, size_t index, bool allow_mutation) {
   bool recorded = false;
   Call* found = find(op, index, recorded);
   TORCH_INTERNAL_ASSERT(found != nullptr, "sac: take() of a call not recorded");
@@ -423,26 +420,28 @@ OpCache::Served OpCache::take(const c10::OperatorHandle& op, size_t index,
     return {outputs_of(call, /*consume=*/false), call.generator};
   }
   SAC_CHECKPOINT_CHECK(call.state != Call::State::Served,
-              "sac: Trying to backward an extra time through a region "
-              "checkpointed with a selective policy: the outputs cached for ",
-              op.operator_name(), " (call ", index,
-              ") were already used by an earlier backward. Such a region can "
-              "be backwarded once; run its forward again before another "
-              "backward, or checkpoint it without a policy (full "
-              "recomputation allows retain_graph). A backward inside another "
-              "(torch::autograd::grad in a custom Function's backward) that "
-              "needs a tensor saved in the region is another backward too.");
+                       "sac: Trying to backward an extra time through a region "
+                       "checkpointed with a selective policy: the outputs cached for ",
+                       op.operator_name(), " (call ", index,
+                       ") were already used by an earlier backward. Such a region can "
+                       "be backwarded once; run its forward again before another "
+                       "backward, or checkpoint it without a policy (full "
+                       "recomputation allows retain_graph). A backward inside another "
+                       "(torch::autograd::grad in a custom Function's backward) that "
+                       "needs a tensor saved in the region is another backward too.");
   TORCH_INTERNAL_ASSERT(call.state == Call::State::Saved);
   if (!allow_mutation) {
     const auto modified = first_modified(call);
-    SAC_CHECKPOINT_CHECK(!modified.has_value(), "sac: a tensor cached for ",
-                op.operator_name(), " (call ", index, ", tensor ",
-                modified->first, ") was modified in place after the "
-                "checkpointed forward (", modified->second, "), so it no "
-                "longer holds the op's output. Do not modify the region's "
-                "outputs in place before backward, stop saving ",
-                op.operator_name(),
-                ", or allow it with allow_cache_entry_mutation(true).");
+    SAC_CHECKPOINT_CHECK(!modified.has_value(), "sac: a tensor cached for ", op.operator_name(),
+                         " (call ", index, ", tensor ", modified->first,
+                         ") was modified in place after the "
+                         "checkpointed forward (",
+                         modified->second,
+                         "), so it no "
+                         "longer holds the op's output. Do not modify the region's "
+                         "outputs in place before backward, stop saving ",
+                         op.operator_name(),
+                         ", or allow it with allow_cache_entry_mutation(true).");
   }
   Served served{outputs_of(call, /*consume=*/true), std::move(call.generator)};
   drop(call);

@@ -6,6 +6,9 @@
 #include <sac/base/internal/stash.h>
 #include <sac/dispatch/internal/boxed.h>
 #include <sac/policy/internal/op_traits.h>
+#include <sac/policy/internal/answers.h>
+#include <sac/policy/internal/tag_op.h>
+#include <sac/dispatch/internal/placement.h>
 
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>
@@ -32,8 +35,8 @@ std::optional<at::Generator> explicit_generator(c10::ArrayRef<c10::IValue> args)
 
 // The generator a random op drew from (`generator` if explicit, else the
 // default generator of its first tensor output's device) and its state now.
-std::optional<GeneratorSnapshot> snapshot_after(
-    std::optional<at::Generator> generator, c10::ArrayRef<c10::IValue> outputs) {
+std::optional<GeneratorSnapshot> snapshot_after(std::optional<at::Generator> generator,
+                                                c10::ArrayRef<c10::IValue> outputs) {
   if (!generator.has_value()) {
     for (const auto& output : outputs) {
       if (output.isTensor() && output.toTensor().defined()) {
@@ -120,15 +123,14 @@ CachingMode::CachingMode(Policy policy, std::shared_ptr<OpCache> cache,
       offload_to_(std::move(offload_to)) {}
 
 void CachingMode::on_outermost_enter() {
-  TORCH_CHECK(cache_->empty(),
-              "sac: this pair of selective checkpointing modes already recorded "
-              "the forward of a checkpointed region, whose recomputation still "
-              "needs it. Create a new pair for each region: a context_fn should "
-              "call create_selective_checkpoint_contexts each time it is called "
-              "(or use CheckpointOptions::policy, which does).");
+  TORCH_CHECK(cache_->empty(), "sac: this pair of selective checkpointing modes already recorded "
+                               "the forward of a checkpointed region, whose recomputation still "
+                               "needs it. Create a new pair for each region: a context_fn should "
+                               "call create_selective_checkpoint_contexts each time it is called "
+                               "(or use CheckpointOptions::policy, which does).");
   cache_->begin_recording(/*track_producers=*/policy_.domain().tags);
   tagged_names_.clear();
-  counts_ = RegionCounts();
+  counts_ = RegionStatistics::Counts();
   storages_.clear();
   output_bytes_ = 0;
 }
@@ -150,8 +152,8 @@ void CachingMode::on_outermost_exit() {
   }
 }
 
-void CachingMode::intercept(const c10::OperatorHandle& op,
-                            c10::DispatchKeySet below, torch::jit::Stack* stack) {
+void CachingMode::intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
+                            torch::jit::Stack* stack) {
   const OpFacts facts = this->facts(op);
   if (facts.collective) {
     cache_->collectives().note(op, arguments_on(op, *stack));
@@ -168,14 +170,12 @@ void CachingMode::intercept(const c10::OperatorHandle& op,
   // outlive the call.
   const auto args = arguments_on(op, *stack);
   const c10::SmallVector<c10::IValue, 4> inputs(args.begin(), args.end());
-  std::optional<at::Generator> generator =
-      facts.random ? explicit_generator(inputs) : std::nullopt;
+  std::optional<at::Generator> generator = facts.random ? explicit_generator(inputs) : std::nullopt;
   dispatch::run_op(op, below, stack);
   const auto outputs = outputs_on(op, *stack);
   std::optional<GeneratorSnapshot> after =
       facts.random ? snapshot_after(std::move(generator), outputs) : std::nullopt;
-  const SelectiveCheckpointContext ctx{/*is_recompute=*/false, outputs,
-                                       cache_->recorded_calls(op)};
+  const SelectiveCheckpointContext ctx{/*is_recompute=*/false, outputs, cache_->recorded_calls(op)};
   const CheckpointPolicy answer = policy_.decide(ctx, op, inputs);
   if (facts.tag) {
     ++counts_.tags;
@@ -198,14 +198,14 @@ void CachingMode::intercept(const c10::OperatorHandle& op,
   if (policy_.domain().every_cacheable_op && dispatch::mechanism_misses(op)) {
     warn_once("unseen " + c10::toString(op.operator_name()),
               c10::str("sac: the policy ", policy_.describe(), " answers ", to_string(answer),
-                       " for ", op.operator_name(), ", whose calls through the factory "
+                       " for ", op.operator_name(),
+                       ", whose calls through the factory "
                        "functions (torch::zeros in C++, torch.zeros in Python, arange, "
                        "randn_like, ...) sac's per-op kernels never see: only its other "
                        "calls reach the policy. Use the fallback-key mechanism "
                        "(SAC_DISPATCH=fallback) to see every call. Reported once per op."));
   }
-  cache_->append_saved(op, outputs, std::move(after),
-                       is_offload(answer) ? offload_to_ : nullptr);
+  cache_->append_saved(op, outputs, std::move(after), is_offload(answer) ? offload_to_ : nullptr);
   cache_->watch_aliases(inputs);
 }
 
@@ -217,16 +217,14 @@ void CachingMode::apply_tag(c10::ArrayRef<c10::IValue> args, CheckpointPolicy an
     return;  // not returned by an op of this region: nothing to keep
   }
   if (is_kept(answer) && !producer->kept) {
-    const auto why_not =
-        cache_->keep_late(*producer, is_offload(answer) ? offload_to_ : nullptr);
+    const auto why_not = cache_->keep_late(*producer, is_offload(answer) ? offload_to_ : nullptr);
     if (why_not.has_value()) {
-      warn_once("keep " + name,
-                c10::str("sac: the policy ", policy_.describe(), " answers ",
-                         to_string(answer), " for the value tagged '", name,
-                         "', but the call of ", producer->op.operator_name(),
-                         " that returned it cannot be kept: ", *why_not,
-                         ". It is recomputed. Tag a value that is not modified in "
-                         "place after its op returned. Reported once per name."));
+      warn_once("keep " + name, c10::str("sac: the policy ", policy_.describe(), " answers ",
+                                         to_string(answer), " for the value tagged '", name,
+                                         "', but the call of ", producer->op.operator_name(),
+                                         " that returned it cannot be kept: ", *why_not,
+                                         ". It is recomputed. Tag a value that is not modified in "
+                                         "place after its op returned. Reported once per name."));
     }
   } else if (answer == CheckpointPolicy::MustRecompute && producer->kept) {
     cache_->recompute_late(*producer);
@@ -236,16 +234,18 @@ void CachingMode::apply_tag(c10::ArrayRef<c10::IValue> args, CheckpointPolicy an
 void CachingMode::report_demotions() const {
   for (const OpCache::Demotion& demotion : cache_->demotions()) {
     const std::string writer =
-        demotion.writer.has_value()
-            ? c10::str("by ", *demotion.writer)
-            : dispatch::mechanism() == dispatch::Mechanism::PerOpKernels
-                  ? std::string("by an op that sac's per-op kernels do not intercept "
-                                "(SAC_DISPATCH=fallback names it)")
-                  : std::string("through an op whose schema does not declare the write");
+        demotion.writer.has_value() ? c10::str("by ", *demotion.writer)
+        : dispatch::mechanism() == dispatch::Mechanism::PerOpKernels
+            ? std::string("by an op that sac's per-op kernels do not intercept "
+                          "(SAC_DISPATCH=fallback names it)")
+            : std::string("through an op whose schema does not declare the write");
     warn_once(c10::str("demoted ", demotion.op, " ", writer),
-              c10::str("sac: the policy ", policy_.describe(), " kept the output of ",
-                       demotion.op, " (call ", demotion.call, " in the forward), which was then "
-                       "modified in place ", writer, " before the checkpointed forward "
+              c10::str("sac: the policy ", policy_.describe(), " kept the output of ", demotion.op,
+                       " (call ", demotion.call,
+                       " in the forward), which was then "
+                       "modified in place ",
+                       writer,
+                       " before the checkpointed forward "
                        "ended; that call is recomputed instead, since serving the kept "
                        "value would give wrong gradients. Reported once per pair of ops."));
   }
@@ -266,9 +266,9 @@ void CachingMode::add_statistics() {
   // The cache records each tag as a recompute call.
   counts_.calls_recomputed = summary.recompute_calls - counts_.tags;
   counts_.calls_demoted = cache_->demoted_calls();
-  counts_.bytes_kept = static_cast<int64_t>(cache_->bytes());
+  counts_.bytes_saved = static_cast<int64_t>(cache_->bytes());
   counts_.bytes_offloaded = summary.offloaded_bytes;
-  counts_.bytes_dropped = output_bytes_ - counts_.bytes_kept - counts_.bytes_offloaded;
+  counts_.bytes_dropped = output_bytes_ - counts_.bytes_saved - counts_.bytes_offloaded;
   counts_.collectives_issued = cache_->collectives().size();
   statistics_->add(counts_);
   storages_.clear();
@@ -278,8 +278,9 @@ void CachingMode::report_untagged_names() const {
   for (const auto& name : policy_.domain().names) {
     if (tagged_names_.count(name) == 0) {
       warn_once("untagged " + name,
-                c10::str("sac: the policy ", policy_.describe(), " asks for the name '",
-                         name, "', but no sac::tag(..., \"", name, "\") ran in the "
+                c10::str("sac: the policy ", policy_.describe(), " asks for the name '", name,
+                         "', but no sac::tag(..., \"", name,
+                         "\") ran in the "
                          "forward of the checkpointed region it governs, so nothing is "
                          "kept by that name. Check the spelling, and that the tag runs "
                          "inside the region (in a nested selective region, the inner "
@@ -299,7 +300,7 @@ CachedMode::CachedMode(Policy policy, std::shared_ptr<OpCache> cache,
 void CachedMode::on_outermost_enter() {
   next_call_.clear();
   next_collective_.clear();
-  pass_ = RegionCounts();
+  pass_ = RegionStatistics::Counts();
   if (statistics_ != nullptr) {
     pass_started_ = std::chrono::steady_clock::now();
   }
@@ -320,8 +321,8 @@ void CachedMode::on_outermost_exit() {
   statistics_->add(pass_);
 }
 
-void CachedMode::intercept(const c10::OperatorHandle& op,
-                           c10::DispatchKeySet below, torch::jit::Stack* stack) {
+void CachedMode::intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
+                           torch::jit::Stack* stack) {
   // Checked whether served or run: a served call is the forward's call of
   // the same index, so a mismatch means the region took another path.
   const OpFacts facts = this->facts(op);
@@ -357,8 +358,8 @@ void CachedMode::intercept(const c10::OperatorHandle& op,
 // ---- Factory ----------------------------------------------------------------
 
 SelectiveCheckpointContexts create_selective_checkpoint_contexts(
-    const Policy& policy, bool allow_cache_entry_mutation,
-    std::shared_ptr<CopyTarget> offload_to, std::shared_ptr<RegionStatistics> statistics) {
+    const Policy& policy, bool allow_cache_entry_mutation, std::shared_ptr<CopyTarget> offload_to,
+    std::shared_ptr<RegionStatistics> statistics) {
   policy.prepare_interception();
   // The caching mode watches these for in-place changes to cached values.
   dispatch::intercept_ops(policy::hidden_alias_ops());

@@ -7,7 +7,7 @@
 // cached mode runs around the recomputation: it serves the kept outputs
 // without running their ops and runs the others, so autograd above it saves
 // the same tensors as in the forward. Both intercept the thread's ops below
-// autograd; sac/cache/internal/modes.h says how.
+// autograd; Note [The selective modes] says how.
 #pragma once
 
 #include <sac/base/context.h>
@@ -23,12 +23,12 @@ class OpCache;
 
 // The two modes sharing one cache. Converts to the `RegionContexts` that a
 // `ContextFn` returns; each mode can also be entered on its own with a
-// `ContextScope`. One pair serves one checkpointed region: a context_fn
+// `RegionContext::Scope`. One pair serves one checkpointed region: a context_fn
 // should create a new pair per call, as PyTorch's does.
 struct SelectiveCheckpointContexts {
   std::shared_ptr<RegionContext> caching;  // around the forward
   std::shared_ptr<RegionContext> cached;   // around the recomputation
-  // What they share (sac/cache/internal/op_cache.h).
+  // What they share (Note [The op cache]).
   std::shared_ptr<OpCache> cache;
 
   operator RegionContexts() const { return {caching, cached}; }

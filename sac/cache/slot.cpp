@@ -24,7 +24,7 @@ void Slot::offload(CopyTarget& target, CachedStorages& storages) {
   // The copy's own ops belong to no region, and autograd records none.
   dispatch::IsolationGuard isolated;
   c10::AutoGradMode no_grad(false);
-  from = CopiedFrom::of(held);
+  from = CopyTarget::Origin::of(held);
   copy = target.copy_out(held);
   unhold(storages);
 }

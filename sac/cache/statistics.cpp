@@ -5,7 +5,8 @@
 
 namespace sac {
 
-RegionCounts& RegionCounts::operator+=(const RegionCounts& other) {
+RegionStatistics::Counts& RegionStatistics::Counts::operator+=(
+    const RegionStatistics::Counts& other) {
   forwards += other.forwards;
   calls_seen += other.calls_seen;
   calls_saved += other.calls_saved;
@@ -13,7 +14,7 @@ RegionCounts& RegionCounts::operator+=(const RegionCounts& other) {
   calls_recomputed += other.calls_recomputed;
   calls_demoted += other.calls_demoted;
   tags += other.tags;
-  bytes_kept += other.bytes_kept;
+  bytes_saved += other.bytes_saved;
   bytes_offloaded += other.bytes_offloaded;
   bytes_dropped += other.bytes_dropped;
   collectives_issued += other.collectives_issued;
@@ -25,30 +26,30 @@ RegionCounts& RegionCounts::operator+=(const RegionCounts& other) {
   return *this;
 }
 
-void RegionCounts::print(std::ostream& out) const {
-  out << "forward (" << forwards << " regions): " << calls_seen << " calls seen, "
-      << calls_saved << " saved, " << calls_offloaded << " offloaded, " << calls_recomputed
-      << " recomputed (" << calls_demoted << " demoted), " << tags << " tags\n"
-      << "bytes: " << bytes_kept << " kept, " << bytes_offloaded << " offloaded, "
+void RegionStatistics::Counts::print(std::ostream& out) const {
+  out << "forward (" << forwards << " regions): " << calls_seen << " calls seen, " << calls_saved
+      << " saved, " << calls_offloaded << " offloaded, " << calls_recomputed << " recomputed ("
+      << calls_demoted << " demoted), " << tags << " tags\n"
+      << "bytes: " << bytes_saved << " saved, " << bytes_offloaded << " offloaded, "
       << bytes_dropped << " dropped\n"
-      << "collectives: " << collectives_issued << " issued in forward, "
-      << collectives_reissued << " issued again in recomputation\n"
+      << "collectives: " << collectives_issued << " issued in forward, " << collectives_reissued
+      << " issued again in recomputation\n"
       << "recomputation (" << recomputations << " passes): " << calls_served << " served, "
-      << calls_rerun << " rerun, " << std::fixed << std::setprecision(3)
-      << recompute_seconds * 1e3 << " ms\n";
+      << calls_rerun << " rerun, " << std::fixed << std::setprecision(3) << recompute_seconds * 1e3
+      << " ms\n";
 }
 
-RegionCounts RegionStatistics::read() const {
+RegionStatistics::Counts RegionStatistics::read() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return counts_;
 }
 
 void RegionStatistics::reset() {
   std::lock_guard<std::mutex> lock(mutex_);
-  counts_ = RegionCounts();
+  counts_ = RegionStatistics::Counts();
 }
 
-void RegionStatistics::add(const RegionCounts& counts) {
+void RegionStatistics::add(const RegionStatistics::Counts& counts) {
   std::lock_guard<std::mutex> lock(mutex_);
   counts_ += counts;
 }

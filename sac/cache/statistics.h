@@ -20,58 +20,58 @@
 
 namespace sac {
 
-struct RegionCounts {
-  // ---- Forward: complete once a region's forward has ended.
-  size_t forwards = 0;  // regions whose forward ended
-  // Op calls the policy was asked about (tags not included), and what came
-  // of them at the end of the forward (tags and in-place changes included):
-  // seen = saved + offloaded + recomputed.
-  size_t calls_seen = 0;
-  size_t calls_saved = 0;       // outputs kept on their device
-  size_t calls_offloaded = 0;   // outputs copied to the offload target
-  size_t calls_recomputed = 0;  // left to the recomputation
-  // Of the recomputed: answered save or offload, but an output was modified
-  // in place later in the forward (sac/cache/internal/op_cache.h).
-  size_t calls_demoted = 0;
-  size_t tags = 0;  // sac::tag calls (sac/policy/tag.h)
-  // Bytes of the storages the seen calls' outputs hold (each storage counted
-  // once; for a region whose ops make their outputs, as sac::profile counts
-  // them), split as: kept on the device after the forward (before a
-  // sac::OffloadGuard stashes them), moved to the offload target, or left
-  // for the recomputation to make again.
-  int64_t bytes_kept = 0;
-  int64_t bytes_offloaded = 0;
-  int64_t bytes_dropped = 0;
-  // Functional collectives the forwards issued (sac/cache/internal/collective_ledger.h),
-  // decided about or not.
-  size_t collectives_issued = 0;
-
-  // ---- Backward: each recomputation adds to these.
-  size_t recomputations = 0;  // passes (one per region and backward, usually)
-  size_t calls_served = 0;    // seen calls served from the cache
-  size_t calls_rerun = 0;     // seen calls run again (early stop runs fewer)
-  // Functional collectives issued again (not served from the cache): each
-  // one communicated again.
-  size_t collectives_reissued = 0;
-  // Wall time of the recomputation passes, autograd's work in them included.
-  double recompute_seconds = 0;
-
-  RegionCounts& operator+=(const RegionCounts& other);
-  void print(std::ostream& out) const;
-};
-
-// A sum of RegionCounts that regions add to: after each forward and each
+// A sum of Counts that regions add to: after each forward and each
 // recomputation, from whichever thread ran it (a backward may recompute on
 // autograd's device threads).
 class RegionStatistics {
  public:
-  RegionCounts read() const;
+  struct Counts {
+    // ---- Forward: complete once a region's forward has ended.
+    size_t forwards = 0;  // regions whose forward ended
+    // Op calls the policy was asked about (tags not included), and what came
+    // of them at the end of the forward (tags and in-place changes included):
+    // seen = saved + offloaded + recomputed.
+    size_t calls_seen = 0;
+    size_t calls_saved = 0;       // outputs kept on their device
+    size_t calls_offloaded = 0;   // outputs copied to the offload target
+    size_t calls_recomputed = 0;  // left to the recomputation
+    // Of the recomputed: answered save or offload, but an output was modified
+    // in place later in the forward (Note [The op cache]).
+    size_t calls_demoted = 0;
+    size_t tags = 0;  // sac::tag calls (sac/policy/tag.h)
+    // Bytes of the storages the seen calls' outputs hold (each storage counted
+    // once; for a region whose ops make their outputs, as sac::profile counts
+    // them), split as: kept on the device after the forward (before a
+    // sac::OffloadGuard stashes them), moved to the offload target, or left
+    // for the recomputation to make again.
+    int64_t bytes_saved = 0;
+    int64_t bytes_offloaded = 0;
+    int64_t bytes_dropped = 0;
+    // Functional collectives the forwards issued (Note [The collective ledger]),
+    // decided about or not.
+    size_t collectives_issued = 0;
+
+    // ---- Backward: each recomputation adds to these.
+    size_t recomputations = 0;  // passes (one per region and backward, usually)
+    size_t calls_served = 0;    // seen calls served from the cache
+    size_t calls_rerun = 0;     // seen calls run again (early stop runs fewer)
+    // Functional collectives issued again (not served from the cache): each
+    // one communicated again.
+    size_t collectives_reissued = 0;
+    // Wall time of the recomputation passes, autograd's work in them included.
+    double recompute_seconds = 0;
+
+    Counts& operator+=(const Counts& other);
+    void print(std::ostream& out) const;
+  };
+
+  Counts read() const;
   void reset();
-  void add(const RegionCounts& counts);
+  void add(const Counts& counts);
 
  private:
   mutable std::mutex mutex_;
-  RegionCounts counts_;
+  Counts counts_;
 };
 
 }  // namespace sac

@@ -10,13 +10,12 @@ struct CheckpointedCall::Active {
 };
 
 CheckpointedCall::CheckpointedCall(const CheckpointOptions& options,
-                                   const std::vector<at::Tensor>& inputs,
-                                   RecomputeFn recompute)
+                                   const std::vector<at::Tensor>& inputs, RecomputeFn recompute)
     : active_(std::make_unique<Active>()) {
   install_hooking_engine();
   const FrameConfig config = frame_config(options);
-  auto rerun = std::make_shared<FunctionRerun>(std::move(recompute),
-                                               options.outside_tensor_check());
+  auto rerun =
+      std::make_shared<FunctionRerun>(std::move(recompute), options.outside_tensor_check());
   rerun->save_inputs(inputs);
   auto frame = std::make_shared<CheckpointFrame>(
       config, rerun, contexts_for(options),

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <sac/base/error.h>
-#include <sac/checkpoint/guards.h>
 #include <sac/checkpoint/options.h>
 #include <sac/checkpoint/scope.h>
 
@@ -44,11 +43,9 @@ auto checkpoint(const CheckpointOptions& options, Fn&& fn, Args&&... args);
 
 // Full recomputation with default options.
 template <class Fn, class... Args,
-          std::enable_if_t<!std::is_same_v<std::decay_t<Fn>, CheckpointOptions>,
-                           int> = 0>
+          std::enable_if_t<!std::is_same_v<std::decay_t<Fn>, CheckpointOptions>, int> = 0>
 auto checkpoint(Fn&& fn, Args&&... args) {
-  return checkpoint(detail::scoped_options(), std::forward<Fn>(fn),
-                    std::forward<Args>(args)...);
+  return checkpoint(detail::scoped_options(), std::forward<Fn>(fn), std::forward<Args>(args)...);
 }
 
 // ---- Implementation ---------------------------------------------------------
@@ -63,8 +60,8 @@ using RecomputeFn = std::function<void(const std::vector<at::Tensor>& inputs)>;
 // keeps the forward hooks and context active until destroyed.
 class CheckpointedCall {
  public:
-  CheckpointedCall(const CheckpointOptions& options,
-                   const std::vector<at::Tensor>& inputs, RecomputeFn recompute);
+  CheckpointedCall(const CheckpointOptions& options, const std::vector<at::Tensor>& inputs,
+                   RecomputeFn recompute);
   ~CheckpointedCall();
   // The function returned normally.
   void forward_completed();
@@ -78,15 +75,13 @@ class CheckpointedCall {
 // Non-tensor arguments are copied.
 template <class T>
 struct ArgCodec {
-  static_assert(!std::is_same_v<T, at::TensorList> &&
-                    !std::is_same_v<T, c10::ArrayRef<int64_t>>,
+  static_assert(!std::is_same_v<T, at::TensorList> && !std::is_same_v<T, c10::ArrayRef<int64_t>>,
                 "sac::checkpoint: an ArrayRef argument would dangle by the time "
                 "the function is recomputed; pass a std::vector instead.");
   using Stashed = T;
   static void collect(const T&, std::vector<at::Tensor>&) {}
   static Stashed stash(const T& value) { return value; }
-  static const T& restore(const Stashed& stashed, const std::vector<at::Tensor>&,
-                          size_t&) {
+  static const T& restore(const Stashed& stashed, const std::vector<at::Tensor>&, size_t&) {
     return stashed;
   }
 };
@@ -96,12 +91,9 @@ struct NoTensor {};
 template <>
 struct ArgCodec<at::Tensor> {
   using Stashed = NoTensor;
-  static void collect(const at::Tensor& t, std::vector<at::Tensor>& out) {
-    out.push_back(t);
-  }
+  static void collect(const at::Tensor& t, std::vector<at::Tensor>& out) { out.push_back(t); }
   static Stashed stash(const at::Tensor&) { return {}; }
-  static at::Tensor restore(const Stashed&, const std::vector<at::Tensor>& in,
-                            size_t& next) {
+  static at::Tensor restore(const Stashed&, const std::vector<at::Tensor>& in, size_t& next) {
     return in[next++];
   }
 };
@@ -109,13 +101,11 @@ struct ArgCodec<at::Tensor> {
 template <>
 struct ArgCodec<std::optional<at::Tensor>> {
   using Stashed = NoTensor;
-  static void collect(const std::optional<at::Tensor>& t,
-                      std::vector<at::Tensor>& out) {
+  static void collect(const std::optional<at::Tensor>& t, std::vector<at::Tensor>& out) {
     out.push_back(t.has_value() ? *t : at::Tensor());
   }
   static Stashed stash(const std::optional<at::Tensor>&) { return {}; }
-  static std::optional<at::Tensor> restore(const Stashed&,
-                                           const std::vector<at::Tensor>& in,
+  static std::optional<at::Tensor> restore(const Stashed&, const std::vector<at::Tensor>& in,
                                            size_t& next) {
     const at::Tensor& t = in[next++];
     return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
@@ -125,13 +115,11 @@ struct ArgCodec<std::optional<at::Tensor>> {
 template <>
 struct ArgCodec<std::vector<at::Tensor>> {
   using Stashed = size_t;
-  static void collect(const std::vector<at::Tensor>& ts,
-                      std::vector<at::Tensor>& out) {
+  static void collect(const std::vector<at::Tensor>& ts, std::vector<at::Tensor>& out) {
     out.insert(out.end(), ts.begin(), ts.end());
   }
   static Stashed stash(const std::vector<at::Tensor>& ts) { return ts.size(); }
-  static std::vector<at::Tensor> restore(const Stashed& count,
-                                         const std::vector<at::Tensor>& in,
+  static std::vector<at::Tensor> restore(const Stashed& count, const std::vector<at::Tensor>& in,
                                          size_t& next) {
     std::vector<at::Tensor> out(in.begin() + next, in.begin() + next + count);
     next += count;
@@ -141,16 +129,15 @@ struct ArgCodec<std::vector<at::Tensor>> {
 
 template <class Fn, class... Args>
 RecomputeFn make_recompute(Fn fn, const Args&... args) {
-  return [fn = std::move(fn),
-          stashed = std::make_tuple(ArgCodec<Args>::stash(args)...)](
+  return [fn = std::move(fn), stashed = std::make_tuple(ArgCodec<Args>::stash(args)...)](
              const std::vector<at::Tensor>& inputs) mutable {
     std::apply(
         [&](const auto&... kept) {
           size_t next = 0;
           // Braced initialization evaluates left to right, as the inputs
           // were collected.
-          std::tuple<decltype(ArgCodec<Args>::restore(kept, inputs, next))...>
-              restored{ArgCodec<Args>::restore(kept, inputs, next)...};
+          std::tuple<decltype(ArgCodec<Args>::restore(kept, inputs, next))...> restored{
+              ArgCodec<Args>::restore(kept, inputs, next)...};
           std::apply(fn, restored);
         },
         stashed);
@@ -170,10 +157,9 @@ auto checkpoint(const CheckpointOptions& options, Fn&& fn, Args&&... args) {
   }
   std::vector<at::Tensor> inputs;
   (detail::ArgCodec<std::decay_t<Args>>::collect(args, inputs), ...);
-  detail::CheckpointedCall call(
-      options, inputs,
-      detail::make_recompute<std::decay_t<Fn>, std::decay_t<Args>...>(
-          std::decay_t<Fn>(fn), args...));
+  detail::CheckpointedCall call(options, inputs,
+                                detail::make_recompute<std::decay_t<Fn>, std::decay_t<Args>...>(
+                                    std::decay_t<Fn>(fn), args...));
   Result result = std::invoke(fn, std::forward<Args>(args)...);
   call.forward_completed();
   return result;

@@ -23,9 +23,8 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     return nullptr;
   }
   const ActiveLog& active = tls_logs.items().back();
-  active.log->append(fn.name(), active.backtraces
-                                    ? c10::get_backtrace(/*frames_to_skip=*/2)
-                                    : std::string());
+  active.log->append(fn.name(),
+                     active.backtraces ? c10::get_backtrace(/*frames_to_skip=*/2) : std::string());
   return nullptr;
 }
 
@@ -55,8 +54,7 @@ std::string OpLog::traces(const std::string& label) const {
   std::string out;
   for (size_t i = 0; i < entries_.size(); ++i) {
     out += entries_[i].op + "   (" + std::to_string(i + 1) + " of " +
-           std::to_string(entries_.size()) + " in " + label + ")\n" +
-           entries_[i].backtrace + "\n";
+           std::to_string(entries_.size()) + " in " + label + ")\n" + entries_[i].backtrace + "\n";
   }
   return out;
 }

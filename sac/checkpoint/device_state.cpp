@@ -34,8 +34,7 @@ c10::DeviceType autocast_type(const std::vector<at::Tensor>& inputs) {
 
 }  // namespace
 
-ForwardState ForwardState::capture(const std::vector<at::Tensor>& inputs,
-                                   bool preserve_rng) {
+ForwardState ForwardState::capture(const std::vector<at::Tensor>& inputs, bool preserve_rng) {
   std::vector<c10::Device> devices;
   for (const auto& t : inputs) {
     if (t.defined() && !t.device().is_cpu() && !t.device().is_meta()) {
@@ -71,8 +70,8 @@ ForwardState ForwardState::capture_devices(c10::DeviceType autocast_device,
     autocast_types.push_back(autocast_device);
   }
   for (const auto type : autocast_types) {
-    state.autocast_.push_back({type, at::autocast::is_autocast_enabled(type),
-                               at::autocast::get_autocast_dtype(type)});
+    state.autocast_.push_back(
+        {type, at::autocast::is_autocast_enabled(type), at::autocast::get_autocast_dtype(type)});
   }
   state.autocast_cache_enabled_ = at::autocast::is_autocast_cache_enabled();
 

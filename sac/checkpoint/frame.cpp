@@ -60,11 +60,8 @@ constexpr const char* kDebugTip =
 
 class ForwardHooks final : public torch::autograd::SavedVariableHooks {
  public:
-  explicit ForwardHooks(std::shared_ptr<CheckpointFrame> frame)
-      : frame_(std::move(frame)) {}
-  void call_pack_hook(const at::Tensor& tensor) override {
-    holder_ = frame_->add_holder(tensor);
-  }
+  explicit ForwardHooks(std::shared_ptr<CheckpointFrame> frame) : frame_(std::move(frame)) {}
+  void call_pack_hook(const at::Tensor& tensor) override { holder_ = frame_->add_holder(tensor); }
   at::Tensor call_unpack_hook() override {
     check_not_modified();
     return frame_->unpack(*holder_);
@@ -77,17 +74,16 @@ class ForwardHooks final : public torch::autograd::SavedVariableHooks {
   // and gives silently wrong gradients.
   void check_not_modified() const {
     const VersionWatch& version = holder_->packed_version;
-    SAC_CHECKPOINT_CHECK(
-        !version.changed(),
-        "one of the variables needed for gradient computation has been "
-        "modified by an inplace operation: a tensor saved inside a "
-        "checkpointed region is at version ", version.current_version(),
-        "; expected version ", version.version(),
-        " instead. Autograd would raise this error without checkpointing too. "
-        "Inside a checkpointed region it usually means that the function "
-        "modifies a tensor in place after an op used it, often the argument "
-        "of a nested sac::checkpoint: clone the argument before modifying it "
-        "(a.add_(1) -> a = a + 1), or modify it outside the region.");
+    SAC_CHECKPOINT_CHECK(!version.changed(),
+                         "one of the variables needed for gradient computation has been "
+                         "modified by an inplace operation: a tensor saved inside a "
+                         "checkpointed region is at version ",
+                         version.current_version(), "; expected version ", version.version(),
+                         " instead. Autograd would raise this error without checkpointing too. "
+                         "Inside a checkpointed region it usually means that the function "
+                         "modifies a tensor in place after an op used it, often the argument "
+                         "of a nested sac::checkpoint: clone the argument before modifying it "
+                         "(a.add_(1) -> a = a + 1), or modify it outside the region.");
   }
 
   std::shared_ptr<CheckpointFrame> frame_;
@@ -111,15 +107,13 @@ int64_t current_graph_task() {
 
 std::string CheckpointFrame::TensorMetadata::str() const {
   std::ostringstream out;
-  out << "{shape: " << c10::IntArrayRef(sizes) << ", dtype: " << dtype
-      << ", device: " << device << "}";
+  out << "{shape: " << c10::IntArrayRef(sizes) << ", dtype: " << dtype << ", device: " << device
+      << "}";
   return out.str();
 }
 
-CheckpointFrame::CheckpointFrame(FrameConfig config,
-                                 std::shared_ptr<Recomputation> recomputation,
-                                 RegionContexts contexts,
-                                 ForwardState forward_state)
+CheckpointFrame::CheckpointFrame(FrameConfig config, std::shared_ptr<Recomputation> recomputation,
+                                 RegionContexts contexts, ForwardState forward_state)
     : config_(config),
       recomputation_(std::move(recomputation)),
       contexts_(std::move(contexts)),
@@ -152,9 +146,7 @@ void CheckpointFrame::release() {
 }
 
 SavedTensorHooksFactory CheckpointFrame::forward_hooks() {
-  return [frame = shared_from_this()] {
-    return std::make_unique<ForwardHooks>(frame);
-  };
+  return [frame = shared_from_this()] { return std::make_unique<ForwardHooks>(frame); };
 }
 
 std::shared_ptr<Holder> CheckpointFrame::add_holder(const at::Tensor& packed) {
@@ -188,6 +180,7 @@ at::Tensor CheckpointFrame::unpack(Holder& holder) {
     return unpack_unchecked(holder);
   }
   try {
+    detail::UntranslatedCheckpointErrors untranslated;  // caught just below
     return unpack_unchecked(holder);
   } catch (const CheckpointError& error) {
     rethrow_with_logs(error);
@@ -195,12 +188,11 @@ at::Tensor CheckpointFrame::unpack(Holder& holder) {
 }
 
 at::Tensor CheckpointFrame::unpack_unchecked(Holder& holder) {
-  SAC_CHECKPOINT_CHECK(
-      !abandoned_,
-      "sac: a tensor saved inside a checkpointed region is needed for "
-      "backward, but the region ended with an exception, so what would "
-      "recompute it is gone. Do not backward through the outputs of a "
-      "region that threw.");
+  SAC_CHECKPOINT_CHECK(!abandoned_,
+                       "sac: a tensor saved inside a checkpointed region is needed for "
+                       "backward, but the region ended with an exception, so what would "
+                       "recompute it is gone. Do not backward through the outputs of a "
+                       "region that threw.");
   const int64_t graph_task = current_graph_task();
   if (!passes_[graph_task].recomputed) {
     recompute(graph_task);
@@ -208,20 +200,18 @@ at::Tensor CheckpointFrame::unpack_unchecked(Holder& holder) {
     check_recomputed_tensors_match(graph_task);
   }
   auto slot = holder.recomputed.find(graph_task);
-  TORCH_INTERNAL_ASSERT(slot != holder.recomputed.end(),
-                        "sac: a saved tensor was not recomputed");
-  SAC_CHECKPOINT_CHECK(
-      !slot->second.unpacked,
-      config_.api, ": a saved tensor is being unpacked a second time in the "
-      "same backward pass. ",
-      GraphExecGroup::current_id().has_value()
-          ? "Two backward calls inside one sac::GraphExecGroup need the same "
-            "saved tensor: the backward calls of a group must cover parts of "
-            "the graph that do not overlap. Run overlapping backward calls "
-            "outside the group. "
-          : "",
-      "A custom autograd function must read its saved tensors once per "
-      "backward (call ctx->get_saved_variables() once).");
+  TORCH_INTERNAL_ASSERT(slot != holder.recomputed.end(), "sac: a saved tensor was not recomputed");
+  SAC_CHECKPOINT_CHECK(!slot->second.unpacked, config_.api,
+                       ": a saved tensor is being unpacked a second time in the "
+                       "same backward pass. ",
+                       GraphExecGroup::current_id().has_value()
+                           ? "Two backward calls inside one sac::GraphExecGroup need the same "
+                             "saved tensor: the backward calls of a group must cover parts of "
+                             "the graph that do not overlap. Run overlapping backward calls "
+                             "outside the group. "
+                           : "",
+                       "A custom autograd function must read its saved tensors once per "
+                       "backward (call ctx->get_saved_variables() once).");
   slot->second.unpacked = true;
   return std::move(slot->second.value);
 }
@@ -248,7 +238,7 @@ void CheckpointFrame::recompute(int64_t graph_task) {
   std::unique_ptr<Recomputation::Pass> pass = recomputation_->begin(*this, graph_task);
   ForwardState::Restore forward_state(forward_state_);
   {
-    ContextScope context(contexts_.recompute.get());
+    RegionContext::Scope context(contexts_.recompute.get());
     std::optional<OpLogScope> log;
     if (config_.debug) {
       recompute_log_.clear();
@@ -277,10 +267,12 @@ void CheckpointFrame::save_recomputed(int64_t graph_task, const at::Tensor& valu
     throw StopRecomputation{};  // the first one was caught by user code
   }
   const size_t index = pass.saved++;
-  SAC_CHECKPOINT_CHECK(index < holders_.size(),
-                       config_.api, ": trying to save more tensors during "
+  SAC_CHECKPOINT_CHECK(index < holders_.size(), config_.api,
+                       ": trying to save more tensors during "
                        "recomputation than during the original forward pass "
-                       "(", holders_.size(), " in forward). The checkpointed "
+                       "(",
+                       holders_.size(),
+                       " in forward). The checkpointed "
                        "function ran different ops when recomputed. ",
                        kDebugTip);
   if (config_.value_check) {
@@ -302,15 +294,14 @@ void CheckpointFrame::check_recomputed_tensors_match(int64_t graph_task) {
     check_unchecked_values(passes_[graph_task]);
   }
   const size_t saved = passes_[graph_task].saved;
-  SAC_CHECKPOINT_CHECK(
-      saved == holders_.size(),
-      config_.api, ": a different number of tensors was saved during the "
-      "original forward and recomputation.\nNumber of tensors saved during "
-      "forward: ", holders_.size(),
-      "\nNumber of tensors saved during recomputation: ", saved,
-      ".\nThe checkpointed function ran different ops when recomputed: it "
-      "depends on state that changed between forward and backward. ",
-      kDebugTip);
+  SAC_CHECKPOINT_CHECK(saved == holders_.size(), config_.api,
+                       ": a different number of tensors was saved during the "
+                       "original forward and recomputation.\nNumber of tensors saved during "
+                       "forward: ",
+                       holders_.size(), "\nNumber of tensors saved during recomputation: ", saved,
+                       ".\nThe checkpointed function ran different ops when recomputed: it "
+                       "depends on state that changed between forward and backward. ",
+                       kDebugTip);
   if (!config_.determinism_check) {
     return;
   }
@@ -330,14 +321,15 @@ void CheckpointFrame::check_recomputed_tensors_match(int64_t graph_task) {
                     "\nrecomputed metadata: " + recomputed.str() + "\n";
     }
   }
-  SAC_CHECKPOINT_CHECK(
-      mismatches.empty(),
-      config_.api, ": recomputed values for the following tensors have "
-      "different metadata than during the forward pass.\n", mismatches,
-      "The checkpointed function is not deterministic in shapes, dtypes or "
-      "devices. ", kDebugTip,
-      " Turn the check off with .determinism_check(sac::DeterminismCheck::None) "
-      "only if the difference is intended.");
+  SAC_CHECKPOINT_CHECK(mismatches.empty(), config_.api,
+                       ": recomputed values for the following tensors have "
+                       "different metadata than during the forward pass.\n",
+                       mismatches,
+                       "The checkpointed function is not deterministic in shapes, dtypes or "
+                       "devices. ",
+                       kDebugTip,
+                       " Turn the check off with .determinism_check(sac::DeterminismCheck::None) "
+                       "only if the difference is intended.");
 }
 
 void CheckpointFrame::note_written_outside_tensors(bool forward_ended) {
@@ -359,9 +351,8 @@ void CheckpointFrame::note_written_outside_tensors(bool forward_ended) {
     }
     if (auto alive = value.outside->lock()) {
       const at::Tensor tensor(std::move(alive));
-      if (value.written_by_region ||
-          (compared.insert(tensor.unsafeGetTensorImpl()).second &&
-           !ValueChecksum::of(tensor).matches(value.checksum))) {
+      if (value.written_by_region || (compared.insert(tensor.unsafeGetTensorImpl()).second &&
+                                      !ValueChecksum::of(tensor).matches(value.checksum))) {
         written.insert(storage_key(tensor));
       }
     }
@@ -380,16 +371,15 @@ void CheckpointFrame::note_written_outside_tensors(bool forward_ended) {
 }
 
 std::string CheckpointFrame::region_name() const {
-  return config_.name.empty()
-             ? "a region with no name (name it with CheckpointOptions::name)"
-             : "region `" + config_.name + "`";
+  return config_.name.empty() ? "a region with no name (name it with CheckpointOptions::name)"
+                              : "region `" + config_.name + "`";
 }
 
 void CheckpointFrame::check_value(size_t index, const at::Tensor& value, PassState& pass) const {
   const TensorMetadata recomputed{value.sizes().vec(), value.scalar_type(), value.device()};
   if (!(recomputed == metadata_[index])) {
-    value_differs(index, "Forward: " + metadata_[index].str() + "; recomputed: " +
-                             recomputed.str() + ".");
+    value_differs(index,
+                  "Forward: " + metadata_[index].str() + "; recomputed: " + recomputed.str() + ".");
   }
   if (values_[index].written_by_region || version_of(value) != values_[index].version) {
     return;
@@ -421,7 +411,7 @@ void CheckpointFrame::check_unchecked_values(PassState& pass) const {
 }
 
 void CheckpointFrame::value_differs(size_t index, const std::string& what) const {
-  throw CheckpointError(
+  detail::throw_checkpoint_error(CheckpointError(
       {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
       c10::str(config_.api, ": the recomputation of ", region_name(),
                " gave a different value than its forward to tensor ", index, " of the ",
@@ -433,28 +423,26 @@ void CheckpointFrame::value_differs(size_t index, const std::string& what) const
                "kernel is not deterministic. Keep the output of the op that made it (a policy "
                "that saves it; for ops that decide shapes and control flow, any_of({policy, "
                "sac::shape_deciding_ops()})), or make what it reads stable. ",
-               kDebugTip));
+               kDebugTip)));
 }
 
 void CheckpointFrame::rethrow_with_logs(const c10::Error& error) const {
-  throw CheckpointError(
+  detail::throw_checkpoint_error(CheckpointError(
       {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-      c10::str(
-          error.what_without_backtrace(),
-          "\n\nsac::checkpoint debug mode: the ops of the original forward and "
-          "of the recomputation follow. Find where they part ways.\n",
-          config_.debug_backtraces
-              ? "\n== 1. Backtraces of the ops of the original forward ==\n" +
-                    forward_log_.traces("original") +
-                    "\n== 2. Backtraces of the ops of the recomputation ==\n" +
-                    recompute_log_.traces("recompute")
-              : std::string(),
-          "\n== Ops executed during the original forward (",
-          forward_log_.entries().size(), ") ==\n", forward_log_.ops(),
-          "\n== Ops executed during recomputation (",
-          recompute_log_.entries().size(), ") ==\n", recompute_log_.ops(),
-          "\nDifferences in detach calls between the two are expected: "
-          "checkpointing itself adds them."));
+      c10::str(error.what_without_backtrace(),
+               "\n\nsac::checkpoint debug mode: the ops of the original forward and "
+               "of the recomputation follow. Find where they part ways.\n",
+               config_.debug_backtraces
+                   ? "\n== 1. Backtraces of the ops of the original forward ==\n" +
+                         forward_log_.traces("original") +
+                         "\n== 2. Backtraces of the ops of the recomputation ==\n" +
+                         recompute_log_.traces("recompute")
+                   : std::string(),
+               "\n== Ops executed during the original forward (", forward_log_.entries().size(),
+               ") ==\n", forward_log_.ops(), "\n== Ops executed during recomputation (",
+               recompute_log_.entries().size(), ") ==\n", recompute_log_.ops(),
+               "\nDifferences in detach calls between the two are expected: "
+               "checkpointing itself adds them.")));
 }
 
 }  // namespace sac::detail

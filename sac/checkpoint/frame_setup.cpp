@@ -10,8 +10,7 @@ FrameConfig frame_config(const CheckpointOptions& options) {
   config.early_stop = early_stop_override().value_or(options.early_stop());
   config.debug = debug_override().value_or(options.debug());
   config.debug_backtraces = options.debug_backtraces();
-  const DeterminismCheck check =
-      determinism_check_override().value_or(options.determinism_check());
+  const DeterminismCheck check = determinism_check_override().value_or(options.determinism_check());
   config.determinism_check = check != DeterminismCheck::None;
   config.value_check = check == DeterminismCheck::Values;
   config.name = options.name();
@@ -19,9 +18,8 @@ FrameConfig frame_config(const CheckpointOptions& options) {
 }
 
 RegionContexts contexts_for(const CheckpointOptions& options) {
-  const bool selective_options =
-      options.allow_cache_entry_mutation().has_value() ||
-      options.offload_to() != nullptr || options.statistics() != nullptr;
+  const bool selective_options = options.allow_cache_entry_mutation().has_value() ||
+                                 options.offload_to() != nullptr || options.statistics() != nullptr;
   if (options.policy().has_value()) {
     TORCH_CHECK(!options.context_fn(),
                 "sac: both a policy and a context_fn were given. "

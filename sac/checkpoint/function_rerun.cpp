@@ -75,8 +75,7 @@ class FunctionRerun::RerunPass final : public Recomputation::Pass {
   std::vector<at::Tensor> inputs_;
 };
 
-FunctionRerun::FunctionRerun(RecomputeFn fn, bool outside_tensor_check)
-    : fn_(std::move(fn)) {
+FunctionRerun::FunctionRerun(RecomputeFn fn, bool outside_tensor_check) : fn_(std::move(fn)) {
   if (outside_tensor_check) {
     outside_tensors_ = std::make_unique<OutsideTensorWatch>();
   }
@@ -98,17 +97,17 @@ std::unique_ptr<Recomputation::Pass> FunctionRerun::begin(CheckpointFrame& frame
   inputs.reserve(saved_inputs_.size());
   for (const auto i : c10::irange(saved_inputs_.size())) {
     const std::optional<VersionWatch>& version = input_versions_[i];
-    SAC_CHECKPOINT_CHECK(
-        !(version.has_value() && version->changed()),
-        "sac::checkpoint: tensor argument ", i,
-        " of the checkpointed function cannot be given to its recomputation: "
-        "it was modified by an inplace operation after the checkpoint call "
-        "(version ", version->version(), " then, ", version->current_version(),
-        " now).\nsac::checkpoint keeps its tensor arguments as autograd keeps the "
-        "inputs it saves, so they must not be modified in place between the "
-        "checkpoint call and backward; the checkpointed function modifying "
-        "its own argument counts too. Pass a clone (sac::checkpoint(fn, "
-        "x.clone())), or move the modification out of the region.");
+    SAC_CHECKPOINT_CHECK(!(version.has_value() && version->changed()),
+                         "sac::checkpoint: tensor argument ", i,
+                         " of the checkpointed function cannot be given to its recomputation: "
+                         "it was modified by an inplace operation after the checkpoint call "
+                         "(version ",
+                         version->version(), " then, ", version->current_version(),
+                         " now).\nsac::checkpoint keeps its tensor arguments as autograd keeps the "
+                         "inputs it saves, so they must not be modified in place between the "
+                         "checkpoint call and backward; the checkpointed function modifying "
+                         "its own argument counts too. Pass a clone (sac::checkpoint(fn, "
+                         "x.clone())), or move the modification out of the region.");
     // An enclosing region may hold it: unpacking recomputes that region,
     // whose errors are its own.
     inputs.push_back(saved_inputs_[i].unpack());

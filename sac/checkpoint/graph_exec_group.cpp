@@ -38,8 +38,8 @@ GraphExecGroup::GraphExecGroup() {
   const auto outer = current_id();
   TORCH_CHECK(!outer.has_value(),
               "sac::GraphExecGroup contexts cannot be nested: this thread is "
-              "already inside group ", *outer,
-              ". End the outer group first, or put the backward calls into it.");
+              "already inside group ",
+              *outer, ". End the outer group first, or put the backward calls into it.");
   // Graph task ids count up from 0 and a checkpoint's ids for unpacks
   // outside backward down from -2: groups count up from far below both.
   static std::atomic<int64_t> next{std::numeric_limits<int64_t>::min() / 2};

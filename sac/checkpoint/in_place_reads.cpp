@@ -44,8 +44,7 @@ InPlaceReadsScope::~InPlaceReadsScope() {
   }
 }
 
-void InPlaceReadsScope::observe(const dispatch::ObservedOp& call,
-                                c10::ArrayRef<c10::IValue> args) {
+void InPlaceReadsScope::observe(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> args) {
   if (pending_ || !dispatch::is_observing(observer_)) {
     return;
   }

@@ -81,7 +81,7 @@ class CheckpointOptions {
   // Check that the tensors the region reads but did not make (captured
   // buffers, parameters, globals) still hold, when the recomputation reads
   // them, the version the forward read: a modified one would silently change
-  // the gradients (see sac/checkpoint/internal/outside_tensor_watch.h). Default true.
+  // the gradients (see Note [Watching tensors made outside]). Default true.
   // It observes every op of the region's forward and recomputation; turn it
   // off only for regions that never modify such tensors.
   CheckpointOptions& outside_tensor_check(bool check) {

@@ -21,8 +21,7 @@ bool makes_new_tensors(const c10::OperatorHandle& op) {
 
 // Calls `f(index, tensor)` for each tensor that `op` reads in `args`.
 template <class F>
-void for_each_read(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
-                   F&& f) {
+void for_each_read(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, F&& f) {
   for (size_t i = 0; i < args.size(); ++i) {
     if (!dispatch::writes_argument(op, i, args)) {
       dispatch::for_each_tensor(args[i], [&](const at::Tensor& t) { f(i, t); });
@@ -37,8 +36,7 @@ OutsideTensorWatch::OutsideTensorWatch() {
 }
 
 void OutsideTensorWatch::note(const at::Tensor& t, bool made_inside) {
-  const void* identity =
-      version_counter_identity(t.unsafeGetTensorImpl()->version_counter());
+  const void* identity = version_counter_identity(t.unsafeGetTensorImpl()->version_counter());
   // Inference tensors have no counter, and cannot be modified in place.
   if (identity != nullptr && seen_.find(identity) == seen_.end()) {
     seen_.emplace(identity, Seen{VersionWatch(t), made_inside});
@@ -48,9 +46,8 @@ void OutsideTensorWatch::note(const at::Tensor& t, bool made_inside) {
 void OutsideTensorWatch::Recorder::before_op(const dispatch::ObservedOp& call,
                                              c10::ArrayRef<c10::IValue> args) {
   const c10::OperatorHandle& op = call.op;
-  for_each_read(op, args, [&](size_t, const at::Tensor& t) {
-    watch_.note(t, /*made_inside=*/false);
-  });
+  for_each_read(op, args,
+                [&](size_t, const at::Tensor& t) { watch_.note(t, /*made_inside=*/false); });
 }
 
 void OutsideTensorWatch::Recorder::after_op(const dispatch::ObservedOp& call,
@@ -60,8 +57,8 @@ void OutsideTensorWatch::Recorder::after_op(const dispatch::ObservedOp& call,
     return;  // a view or an in-place op: its output's counter is its input's
   }
   for (const auto& output : outputs) {
-    dispatch::for_each_tensor(
-        output, [&](const at::Tensor& t) { watch_.note(t, /*made_inside=*/true); });
+    dispatch::for_each_tensor(output,
+                              [&](const at::Tensor& t) { watch_.note(t, /*made_inside=*/true); });
   }
 }
 
@@ -69,28 +66,27 @@ void OutsideTensorWatch::Checker::before_op(const dispatch::ObservedOp& call,
                                             c10::ArrayRef<c10::IValue> args) {
   const c10::OperatorHandle& op = call.op;
   for_each_read(op, args, [&](size_t arg, const at::Tensor& t) {
-    const auto it = watch_.seen_.find(
-        version_counter_identity(t.unsafeGetTensorImpl()->version_counter()));
+    const auto it =
+        watch_.seen_.find(version_counter_identity(t.unsafeGetTensorImpl()->version_counter()));
     if (it == watch_.seen_.end() || it->second.made_inside) {
       return;
     }
     const VersionWatch& read = it->second.first_read;
-    SAC_CHECKPOINT_CHECK(
-        !read.changed(),
-        "sac::checkpoint: the recomputation reads a tensor that the "
-        "checkpointed region did not make (argument '",
-        op.schema().arguments()[arg].name(), "' of ", op.operator_name(),
-        ", shape ", t.sizes(),
-        ": a captured tensor, a module's buffer or parameter, a global), and "
-        "it was modified in place after the forward read it (version ",
-        read.version(), " when read, ", read.current_version(),
-        " now). The recomputation would read the modified value and give "
-        "wrong gradients. Do not modify such a tensor in place inside the "
-        "region after an op used it, nor between forward and backward: modify "
-        "a clone, pass the tensor as an argument of sac::checkpoint (arguments "
-        "are saved and checked like autograd's inputs), or move the "
-        "modification out of the region. If the change cannot affect the "
-        "result, turn this check off with .outside_tensor_check(false).");
+    SAC_CHECKPOINT_CHECK(!read.changed(),
+                         "sac::checkpoint: the recomputation reads a tensor that the "
+                         "checkpointed region did not make (argument '",
+                         op.schema().arguments()[arg].name(), "' of ", op.operator_name(),
+                         ", shape ", t.sizes(),
+                         ": a captured tensor, a module's buffer or parameter, a global), and "
+                         "it was modified in place after the forward read it (version ",
+                         read.version(), " when read, ", read.current_version(),
+                         " now). The recomputation would read the modified value and give "
+                         "wrong gradients. Do not modify such a tensor in place inside the "
+                         "region after an op used it, nor between forward and backward: modify "
+                         "a clone, pass the tensor as an argument of sac::checkpoint (arguments "
+                         "are saved and checked like autograd's inputs), or move the "
+                         "modification out of the region. If the change cannot affect the "
+                         "result, turn this check off with .outside_tensor_check(false).");
   });
 }
 

@@ -32,8 +32,8 @@ const RecordedOp* recorded_op(const at::RecordFunction& fn) {
       const auto& arguments = op->handle->schema().arguments();
       for (size_t i = 0; i < arguments.size(); ++i) {
         const c10::Argument& argument = arguments[i];
-        op->writes_argument = op->writes_argument ||
-                              (argument.alias_info() != nullptr && argument.alias_info()->isWrite());
+        op->writes_argument = op->writes_argument || (argument.alias_info() != nullptr &&
+                                                      argument.alias_info()->isWrite());
         if (argument.name() == "running_mean" || argument.name() == "running_var") {
           op->state_arguments.push_back(i);
         }

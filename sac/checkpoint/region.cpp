@@ -35,8 +35,7 @@ class RegionReplay final : public Recomputation {
   void finish_recording() { recorder_.reset(); }
 
   void saved(const at::Tensor& packed) override {
-    TORCH_INTERNAL_ASSERT(recorder_.has_value(),
-                          "sac: a region saved a tensor after it ended");
+    TORCH_INTERNAL_ASSERT(recorder_.has_value(), "sac: a region saved a tensor after it ended");
     recorder_->mark(packed);
   }
 
@@ -45,17 +44,19 @@ class RegionReplay final : public Recomputation {
     // watch a copy, and a view read on outside memory is kept as part of
     // its whole storage.
     for (const record::OutsideRead& read : recording_.outside_reads) {
-      SAC_CHECKPOINT_CHECK(
-          recording_.outside[read.outside].snapshot.has_value() ||
-              recording_.outside[read.outside].fresh || !read.version.changed(),
-          "sac::CheckpointRegion: a tensor the region read but did not make "
-          "(shape ", c10::IntArrayRef(read.sizes), ": a parameter, a buffer, a "
-          "tensor made before the region) was modified in place after the "
-          "region read it (version ", read.version.version(), " when read, ",
-          read.version.current_version(), " now); the replay would read the "
-          "modified value. The region keeps such tensors as autograd keeps the "
-          "inputs it saves: do not modify them in place between the region and "
-          "backward (modify a clone, or run the backward first).");
+      SAC_CHECKPOINT_CHECK(recording_.outside[read.outside].snapshot.has_value() ||
+                               recording_.outside[read.outside].fresh || !read.version.changed(),
+                           "sac::CheckpointRegion: a tensor the region read but did not make "
+                           "(shape ",
+                           c10::IntArrayRef(read.sizes),
+                           ": a parameter, a buffer, a "
+                           "tensor made before the region) was modified in place after the "
+                           "region read it (version ",
+                           read.version.version(), " when read, ", read.version.current_version(),
+                           " now); the replay would read the "
+                           "modified value. The region keeps such tensors as autograd keeps the "
+                           "inputs it saves: do not modify them in place between the region and "
+                           "backward (modify a clone, or run the backward first).");
     }
     std::vector<at::Tensor> outside(recording_.outside.size());
     for (size_t i = 0; i < recording_.outside.size(); ++i) {
@@ -66,15 +67,18 @@ class RegionReplay final : public Recomputation {
       try {
         outside[i] = kept.saved.unpack();
       } catch (const c10::Error& error) {
-        SAC_CHECKPOINT_CHECK(
-            false, "sac::CheckpointRegion: a tensor the region read but did "
-            "not make (shape ", c10::IntArrayRef(kept.sizes), ": a parameter, "
-            "a buffer, a tensor made before the region) cannot be given to "
-            "its replay: ", error.what_without_backtrace());
+        SAC_CHECKPOINT_CHECK(false,
+                             "sac::CheckpointRegion: a tensor the region read but did "
+                             "not make (shape ",
+                             c10::IntArrayRef(kept.sizes),
+                             ": a parameter, "
+                             "a buffer, a tensor made before the region) cannot be given to "
+                             "its replay: ",
+                             error.what_without_backtrace());
       }
     }
-    return std::make_unique<ReplayPass>(recording_, std::move(outside),
-                                        frame.weak_from_this(), graph_task);
+    return std::make_unique<ReplayPass>(recording_, std::move(outside), frame.weak_from_this(),
+                                        graph_task);
   }
 
   void release() override {
@@ -95,11 +99,9 @@ class RegionReplay final : public Recomputation {
     void run() override {
       auto frame = frame_.lock();
       TORCH_INTERNAL_ASSERT(frame, "sac: checkpoint frame freed during its replay");
-      record::replay(recording_, std::move(outside_),
-                     [&](size_t, const at::Tensor& value) {
-                       frame->save_recomputed(
-                           graph_task_, value.requires_grad() ? value.tensor_data() : value);
-                     });
+      record::replay(recording_, std::move(outside_), [&](size_t, const at::Tensor& value) {
+        frame->save_recomputed(graph_task_, value.requires_grad() ? value.tensor_data() : value);
+      });
     }
 
    private:
@@ -128,12 +130,13 @@ CheckpointRegion::CheckpointRegion(const CheckpointOptions& options) {
     return;
   }
   std::string why;
-  SAC_CHECKPOINT_CHECK(
-      dispatch::observers_see_every_op(&why),
-      "sac::CheckpointRegion records every op of the region below autograd, "
-      "views and in-place ops included, which only sac's fallback-key "
-      "dispatch mechanism sees; but ", why, ". Use sac::checkpoint(fn, "
-      "args...) for this code instead: it works with either mechanism.");
+  SAC_CHECKPOINT_CHECK(dispatch::observers_see_every_op(&why),
+                       "sac::CheckpointRegion records every op of the region below autograd, "
+                       "views and in-place ops included, which only sac's fallback-key "
+                       "dispatch mechanism sees; but ",
+                       why,
+                       ". Use sac::checkpoint(fn, "
+                       "args...) for this code instead: it works with either mechanism.");
   TORCH_CHECK(options.outside_tensor_check(),
               "sac::CheckpointRegion: outside_tensor_check(false) is not "
               "supported: a region keeps the tensors it reads from outside as "

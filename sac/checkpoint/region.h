@@ -30,12 +30,12 @@
 // backwarded through then.
 //
 // The guard needs sac's fallback-key dispatch mechanism, the only one that
-// sees views and in-place ops (sac/dispatch/internal/interceptor.h); under per-op
+// sees views and in-place ops (Note [The interceptor]); under per-op
 // kernels it throws, and sac::checkpoint is the way. Limits of recording are
 // listed in sac/record/internal/recorder.h: memory written through data_ptr() into a
 // tensor that already held data is not seen, nor side effects of custom ops
 // beyond the writes their schema declares. Collectives are replayed, after
-// the ranks agree on what they replay (sac/record/internal/communication.h).
+// the ranks agree on what they replay (Note [Ranks agree before a replay]).
 #pragma once
 
 #include <sac/checkpoint/options.h>

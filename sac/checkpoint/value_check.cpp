@@ -250,11 +250,11 @@ namespace {
 std::unique_ptr<at::ObserverContext> on_origin_start(const at::RecordFunction& fn);
 void on_origin_end(const at::RecordFunction& fn, at::ObserverContext*);
 
-thread_local CallbackStack<OpOrigins*> tls_origins(
-    at::RecordFunctionCallback(&on_origin_start, &on_origin_end)
-        .needsInputs(true)
-        .needsOutputs(true)
-        .scopes({at::RecordScope::FUNCTION}));
+thread_local CallbackStack<OpOrigins*> tls_origins(at::RecordFunctionCallback(&on_origin_start,
+                                                                              &on_origin_end)
+                                                       .needsInputs(true)
+                                                       .needsOutputs(true)
+                                                       .scopes({at::RecordScope::FUNCTION}));
 
 std::unique_ptr<at::ObserverContext> on_origin_start(const at::RecordFunction& fn) {
   const RecordedOp* op = recorded_op(fn);
@@ -336,7 +336,8 @@ std::string SavedOrigin::describe() const {
       saver == nullptr ? std::string() : ", saved for backward by " + saver->name;
   if (!made.has_value()) {
     return "not made in the region (an input, a parameter, a buffer, a constant or host "
-           "memory)" + saved_by;
+           "memory)" +
+           saved_by;
   }
   const std::string call = " (its call " + std::to_string(made->call) + " in the region)";
   if (made->op->uninitialized) {

@@ -33,8 +33,7 @@ std::vector<c10::OperatorHandle> registered_ops(
   return found;
 }
 
-bool writes_argument(const c10::OperatorHandle& op, size_t index,
-                     c10::ArrayRef<c10::IValue> args) {
+bool writes_argument(const c10::OperatorHandle& op, size_t index, c10::ArrayRef<c10::IValue> args) {
   const auto* alias = op.schema().arguments()[index].alias_info();
   if (alias != nullptr) {
     return alias->isWrite();
@@ -43,8 +42,8 @@ bool writes_argument(const c10::OperatorHandle& op, size_t index,
     return false;
   }
   const auto& legacy = legacy_batch_norms();
-  return std::find(legacy.begin(), legacy.end(), op) != legacy.end() &&
-         args.size() > 5 && args[5].isBool() && args[5].toBool();
+  return std::find(legacy.begin(), legacy.end(), op) != legacy.end() && args.size() > 5 &&
+         args[5].isBool() && args[5].toBool();
 }
 
 }  // namespace sac::dispatch

@@ -2,6 +2,7 @@
 
 #include <sac/dispatch/internal/boxed.h>
 #include <sac/dispatch/internal/carried.h>
+#include <sac/dispatch/internal/placement.h>
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
@@ -30,7 +31,7 @@ struct ThreadState {
   OpInterceptor* interceptor = nullptr;
   bool observing = false;
   bool shielded = false;
-  // c10's key sets of this thread, found once (see WithoutFallbackKey).
+  // c10's key sets of this thread, found once (Note [Writing c10's key set in place]).
   c10::impl::PODLocalDispatchKeySet* keys = nullptr;
 };
 thread_local ThreadState tls_state;
@@ -77,10 +78,21 @@ void sync_fallback_key(const ThreadState& state) {
   }
 }
 
+// Note [Writing c10's key set in place]
+// c10's API for the thread's key set (c10::impl::tls_set_dispatch_key_included,
+// IncludeDispatchKeyGuard) finds the thread-local set anew on each call, from
+// another library: a call to __tls_get_addr and one to c10. The fallback key
+// is taken out and put back twice per intercepted op, so sac finds the set
+// once per thread (c10::impl::raw_local_dispatch_key_set, the variable that
+// API writes, declared in c10/core/impl/LocalDispatchKeySet.h) and flips the
+// bit through the pointer: part of what took an unlisted op from five TLS
+// lookups over the floor to two (BENCHMARKS.md, "The dispatch path"). Where c10
+// does not export that variable (MSVC, mobile builds) the API is used. Key
+// sets changed only when interception starts or ends (sync_fallback_key) go
+// through the API.
+
 // Removes the fallback key from the thread's included set while alive, and
-// puts it back: twice per intercepted op, so in place, through the pointer
-// the thread's state keeps (c10's setter, like each access to a thread-local
-// of another library, is a call).
+// puts it back (see Note [Writing c10's key set in place]).
 class WithoutFallbackKey {
  public:
   explicit WithoutFallbackKey(ThreadState& state) {
@@ -145,8 +157,8 @@ class SuspendInterception {
     observer->before_op(call, args);
   }
 }
-[[gnu::noinline]] void show_after(const std::vector<OpObserver*>& observers,
-                                  const ObservedOp& call, const torch::jit::Stack& stack) {
+[[gnu::noinline]] void show_after(const std::vector<OpObserver*>& observers, const ObservedOp& call,
+                                  const torch::jit::Stack& stack) {
   const auto outputs = outputs_on(call.op, stack);
   for (OpObserver* observer : observers) {
     observer->after_op(call, outputs);
@@ -217,9 +229,7 @@ class NewOpListener final : public c10::OpRegistrationListener {
  public:
   explicit NewOpListener(std::function<void(c10::OperatorName)> on_new)
       : on_new_(std::move(on_new)) {}
-  void onOperatorRegistered(const c10::OperatorHandle& op) override {
-    on_new_(op.operator_name());
-  }
+  void onOperatorRegistered(const c10::OperatorHandle& op) override { on_new_(op.operator_name()); }
   void onOperatorDeregistered(const c10::OperatorHandle&) override {}
 
  private:
@@ -242,12 +252,11 @@ class Registry {
 
   void set(std::optional<Mechanism> requested) {
     std::lock_guard<std::mutex> lock(mutex_);
-    const Mechanism wanted =
-        requested.has_value() ? *requested : automatic_locked();
+    const Mechanism wanted = requested.has_value() ? *requested : automatic_locked();
     if (in_use_) {
       TORCH_CHECK(!mechanism_.has_value() || *mechanism_ == wanted,
-                  "sac: cannot switch the dispatch mechanism to ",
-                  to_string(wanted), ": ", to_string(*mechanism_),
+                  "sac: cannot switch the dispatch mechanism to ", to_string(wanted), ": ",
+                  to_string(*mechanism_),
                   " is already in use in this process. Choose the mechanism "
                   "before the first checkpoint (sac::dispatch::set_mechanism or "
                   "SAC_DISPATCH=per_op|fallback|auto).");
@@ -283,10 +292,8 @@ class Registry {
     bool added = false;
     std::call_once(listener_once_, [&] {
       listener_ = new c10::RegistrationHandleRAII(
-          c10::Dispatcher::singleton().addRegistrationListener(
-              std::make_unique<NewOpListener>([this](c10::OperatorName name) {
-                note_new_op(std::move(name));
-              })));
+          c10::Dispatcher::singleton().addRegistrationListener(std::make_unique<NewOpListener>(
+              [this](c10::OperatorName name) { note_new_op(std::move(name)); })));
       added = true;
     });
     std::lock_guard<std::mutex> lock(mutex_);
@@ -333,8 +340,7 @@ class Registry {
   Registry() = default;
 
   Mechanism automatic_locked() const {
-    return fallback_key_available(nullptr) ? Mechanism::FallbackKey
-                                           : Mechanism::PerOpKernels;
+    return fallback_key_available(nullptr) ? Mechanism::FallbackKey : Mechanism::PerOpKernels;
   }
 
   Mechanism resolve_locked() {
@@ -366,8 +372,7 @@ class Registry {
                   ". Use the per-op mechanism instead (SAC_DISPATCH=per_op).");
       fallback_.emplace(c10::Dispatcher::singleton().registerFallback(
           kFallbackKey,
-          c10::KernelFunction::makeFromBoxedFunction<
-              &intercepting_kernel<kFallbackKey>>(),
+          c10::KernelFunction::makeFromBoxedFunction<&intercepting_kernel<kFallbackKey>>(),
           "sac: selective activation checkpointing (fallback below autograd)"));
       our_fallback_registered.store(true);
     }
@@ -420,19 +425,17 @@ class Registry {
     if (kernels_.count(name) != 0) {
       return;
     }
-    TORCH_CHECK(!op.hasKernelForDispatchKey(kPerOpKey), "sac: cannot intercept ",
-                name, ": LibTorch registers its own ADInplaceOrView kernel for "
+    TORCH_CHECK(!op.hasKernelForDispatchKey(kPerOpKey), "sac: cannot intercept ", name,
+                ": LibTorch registers its own ADInplaceOrView kernel for "
                 "it (it is a view, in-place or out= op), and sac never replaces "
                 "a LibTorch kernel. Such ops are always recomputed.");
     kernels_.emplace(
-        name,
-        c10::Dispatcher::singleton().registerImpl(
-            name, kPerOpKey,
-            c10::KernelFunction::makeFromBoxedFunction<
-                &intercepting_kernel<kPerOpKey>>(),
-            std::nullopt, nullptr,
-            "sac: selective activation checkpointing (per-op kernel below "
-            "autograd)"));
+        name, c10::Dispatcher::singleton().registerImpl(
+                  name, kPerOpKey,
+                  c10::KernelFunction::makeFromBoxedFunction<&intercepting_kernel<kPerOpKey>>(),
+                  std::nullopt, nullptr,
+                  "sac: selective activation checkpointing (per-op kernel below "
+                  "autograd)"));
   }
 
   std::mutex mutex_;
@@ -455,10 +458,8 @@ class Registry {
 
 std::string_view to_string(Mechanism mechanism) {
   switch (mechanism) {
-    case Mechanism::PerOpKernels:
-      return "per-op kernels on ADInplaceOrView";
-    case Mechanism::FallbackKey:
-      return "fallback on the Fake key";
+    case Mechanism::PerOpKernels: return "per-op kernels on ADInplaceOrView";
+    case Mechanism::FallbackKey: return "fallback on the Fake key";
   }
   return "unknown";
 }
@@ -467,9 +468,7 @@ c10::DispatchKey interception_key(Mechanism mechanism) {
   return mechanism == Mechanism::FallbackKey ? kFallbackKey : kPerOpKey;
 }
 
-void set_mechanism(std::optional<Mechanism> mechanism) {
-  Registry::get().set(mechanism);
-}
+void set_mechanism(std::optional<Mechanism> mechanism) { Registry::get().set(mechanism); }
 
 Mechanism mechanism() { return Registry::get().resolve(); }
 
@@ -504,19 +503,51 @@ bool per_op_kernels_miss(const c10::OperatorHandle& op) {
   // with TensorOptions (a `dtype` argument) those functions call. Not
   // aten::_to_copy: its ordinary caller, Tensor::to, is seen.
   static const std::unordered_set<std::string> factories{
-      "aten::arange", "aten::bartlett_window", "aten::blackman_window", "aten::empty",
-      "aten::empty_like", "aten::empty_permuted", "aten::empty_quantized",
-      "aten::empty_strided", "aten::eye", "aten::fft_fftfreq", "aten::fft_rfftfreq",
-      "aten::from_file", "aten::full", "aten::full_like", "aten::hamming_window",
-      "aten::hann_window", "aten::kaiser_window", "aten::linspace", "aten::logspace",
-      "aten::normal", "aten::ones", "aten::ones_like", "aten::rand", "aten::rand_like",
-      "aten::randint", "aten::randint_like", "aten::randn", "aten::randn_like",
-      "aten::randperm", "aten::range", "aten::scalar_tensor", "aten::sparse_bsc_tensor",
-      "aten::sparse_bsr_tensor", "aten::sparse_compressed_tensor", "aten::sparse_coo_tensor",
-      "aten::sparse_csc_tensor", "aten::sparse_csr_tensor", "aten::tril_indices",
-      "aten::triu_indices", "aten::zeros", "aten::zeros_like",
-      "aten::_cudnn_init_dropout_state", "aten::_efficientzerotensor",
-      "aten::_empty_affine_quantized", "aten::_empty_per_channel_affine_quantized"};
+      "aten::arange",
+      "aten::bartlett_window",
+      "aten::blackman_window",
+      "aten::empty",
+      "aten::empty_like",
+      "aten::empty_permuted",
+      "aten::empty_quantized",
+      "aten::empty_strided",
+      "aten::eye",
+      "aten::fft_fftfreq",
+      "aten::fft_rfftfreq",
+      "aten::from_file",
+      "aten::full",
+      "aten::full_like",
+      "aten::hamming_window",
+      "aten::hann_window",
+      "aten::kaiser_window",
+      "aten::linspace",
+      "aten::logspace",
+      "aten::normal",
+      "aten::ones",
+      "aten::ones_like",
+      "aten::rand",
+      "aten::rand_like",
+      "aten::randint",
+      "aten::randint_like",
+      "aten::randn",
+      "aten::randn_like",
+      "aten::randperm",
+      "aten::range",
+      "aten::scalar_tensor",
+      "aten::sparse_bsc_tensor",
+      "aten::sparse_bsr_tensor",
+      "aten::sparse_compressed_tensor",
+      "aten::sparse_coo_tensor",
+      "aten::sparse_csc_tensor",
+      "aten::sparse_csr_tensor",
+      "aten::tril_indices",
+      "aten::triu_indices",
+      "aten::zeros",
+      "aten::zeros_like",
+      "aten::_cudnn_init_dropout_state",
+      "aten::_efficientzerotensor",
+      "aten::_empty_affine_quantized",
+      "aten::_empty_per_channel_affine_quantized"};
   if (factories.count(op.operator_name().name) == 0) {
     return false;
   }
@@ -539,13 +570,9 @@ bool mechanism_misses(const c10::OperatorHandle& op) {
          (active.has_value() ? *active : mechanism()) == Mechanism::PerOpKernels;
 }
 
-void intercept_ops(c10::ArrayRef<c10::OperatorHandle> ops) {
-  Registry::get().intercept(ops);
-}
+void intercept_ops(c10::ArrayRef<c10::OperatorHandle> ops) { Registry::get().intercept(ops); }
 
-void intercept_ops_matching(OpFilter filter) {
-  Registry::get().intercept_matching(filter);
-}
+void intercept_ops_matching(OpFilter filter) { Registry::get().intercept_matching(filter); }
 
 InterceptorToken push_interceptor(OpInterceptor* interceptor) {
   Registry::get().activate();
@@ -589,9 +616,11 @@ OpInterceptor* active_interceptor() {
 }
 
 struct CarryToEngineThreads::Carry {
-  Carry() : hidden(tls_state), hidden_observers(std::exchange(tls_observers, {})),
-            carry(kCarriedSlot, hidden.interceptor,
-                  hidden.observing ? hidden_observers : std::vector<OpObserver*>{}) {
+  Carry()
+      : hidden(tls_state),
+        hidden_observers(std::exchange(tls_observers, {})),
+        carry(kCarriedSlot, hidden.interceptor,
+              hidden.observing ? hidden_observers : std::vector<OpObserver*>{}) {
     // This thread takes turns with the others too.
     tls_state = ThreadState{};
     sync_fallback_key(tls_state);
@@ -634,8 +663,8 @@ bool observers_see_every_op(std::string* reason) {
   return false;
 }
 
-void call_op(const c10::OperatorHandle& op, c10::DispatchKeySet below,
-             bool intercepted, torch::jit::Stack* stack) {
+void call_op(const c10::OperatorHandle& op, c10::DispatchKeySet below, bool intercepted,
+             torch::jit::Stack* stack) {
   if (intercepted) {
     TORCH_INTERNAL_ASSERT(our_fallback_registered.load(std::memory_order_relaxed),
                           "sac: call_op(intercepted) needs the fallback key");
@@ -644,8 +673,7 @@ void call_op(const c10::OperatorHandle& op, c10::DispatchKeySet below,
     return;
   }
   // As the ops an interceptor runs: hidden from everything on the thread.
-  SuspendInterception suspend(tls_state,
-                              c10::impl::tls_is_dispatch_key_included(kFallbackKey));
+  SuspendInterception suspend(tls_state, c10::impl::tls_is_dispatch_key_included(kFallbackKey));
   op.redispatchBoxed(below, stack);
 }
 

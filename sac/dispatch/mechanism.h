@@ -20,11 +20,7 @@
 // be needed, it throws instead.
 #pragma once
 
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <c10/core/DispatchKey.h>
-
 #include <optional>
-#include <string>
 #include <string_view>
 
 namespace sac::dispatch {
@@ -37,11 +33,6 @@ enum class Mechanism {
 
 std::string_view to_string(Mechanism mechanism);
 
-// The dispatch key where `mechanism` places sac's kernel. A do-nothing kernel
-// on the same key is the floor that any interception there pays
-// (benchmarks/floor.h).
-c10::DispatchKey interception_key(Mechanism mechanism);
-
 // Selects the mechanism for this process. `std::nullopt` means automatic.
 // Throws if a different mechanism is already in use (interception happened),
 // or if `FallbackKey` is asked for but the key is taken.
@@ -51,21 +42,5 @@ void set_mechanism(std::optional<Mechanism> mechanism);
 // if nothing has been intercepted yet. Throws on a bad `SAC_DISPATCH` value or
 // if the requested mechanism is unavailable.
 Mechanism mechanism();
-
-// Whether the `Fake` key is free for sac's fallback in this process: no
-// fallback and no per-op kernel registered on it by anyone else. When it is
-// not, `reason` (if given) says why.
-bool fallback_key_available(std::string* reason = nullptr);
-
-// Whether per-op kernels miss calls of `op`: the factory ops (zeros, full,
-// arange, randn, empty, the *_like ones, ...: the overloads with
-// TensorOptions) that LibTorch's torch:: factory functions (torch::zeros,
-// torch::randn_like, ...) call with ADInplaceOrView excluded, so that a
-// kernel there never runs. The same ops called as at::zeros are seen. The
-// fallback key sees every call.
-bool per_op_kernels_miss(const c10::OperatorHandle& op);
-
-// per_op_kernels_miss(op) when the mechanism in use is PerOpKernels.
-bool mechanism_misses(const c10::OperatorHandle& op);
 
 }  // namespace sac::dispatch

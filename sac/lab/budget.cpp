@@ -43,7 +43,7 @@ class ChosenCallsRule final : public Policy::Rule {
     }
     return CheckpointPolicy::PreferRecompute;
   }
-  OpDomain domain() const override { return OpDomain::listed(ops_); }
+  Policy::Domain domain() const override { return Policy::Domain::listed(ops_); }
   std::string describe() const override { return description_; }
 
  private:
@@ -60,14 +60,17 @@ Budget Budget::bytes(int64_t bytes) {
 }
 
 Budget Budget::fraction(double fraction) {
-  TORCH_CHECK(fraction >= 0 && fraction <= 1, "sac::Budget::fraction: expected a fraction "
-              "of the bytes everything_saveable() keeps, in [0, 1]; got ", fraction, ".");
+  TORCH_CHECK(fraction >= 0 && fraction <= 1,
+              "sac::Budget::fraction: expected a fraction "
+              "of the bytes everything_saveable() keeps, in [0, 1]; got ",
+              fraction, ".");
   return Budget(-1, fraction);
 }
 
 int64_t Budget::resolve(int64_t everything) const {
-  return bytes_ >= 0 ? bytes_
-                     : static_cast<int64_t>(std::floor(fraction_ * static_cast<double>(everything)));
+  return bytes_ >= 0
+             ? bytes_
+             : static_cast<int64_t>(std::floor(fraction_ * static_cast<double>(everything)));
 }
 
 double measure_offload_bandwidth(c10::Device device, int64_t bytes) {
@@ -75,8 +78,8 @@ double measure_offload_bandwidth(c10::Device device, int64_t bytes) {
               "sac::measure_offload_bandwidth: offload moves an accelerator's tensors to "
               "host memory, but the device given is the CPU (host_memory() leaves CPU "
               "tensors where they are). Pass the accelerator the model runs on.");
-  TORCH_CHECK(bytes > 0, "sac::measure_offload_bandwidth: bytes must be positive; got ",
-              bytes, ".");
+  TORCH_CHECK(bytes > 0, "sac::measure_offload_bandwidth: bytes must be positive; got ", bytes,
+              ".");
   const at::Tensor on_device = at::empty({bytes}, at::TensorOptions(at::kByte).device(device));
   const at::Tensor host = at::empty({bytes}, at::TensorOptions(at::kByte).pinned_memory(true));
   double best = std::numeric_limits<double>::infinity();
@@ -95,7 +98,8 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
                            std::optional<OffloadCost> offload) {
   TORCH_CHECK(!offload.has_value() || offload->bytes_per_second > 0,
               "sac::budgeted_plan: an offload bandwidth must be positive; got ",
-              offload->bytes_per_second, " bytes per second (measure it with "
+              offload->bytes_per_second,
+              " bytes per second (measure it with "
               "sac::measure_offload_bandwidth).");
   std::vector<lab::Item> items;
   std::vector<lab::CallChoice> choices;  // per item
@@ -133,9 +137,9 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
       continue;
     }
     for (const OpCallProfile* call : c.calls) {
-      chosen[c.profile].push_back({call->op, call->call,
-                                   kept[i] ? CheckpointPolicy::MustSave
-                                           : CheckpointPolicy::MustCpuOffload});
+      chosen[c.profile].push_back(
+          {call->op, call->call,
+           kept[i] ? CheckpointPolicy::MustSave : CheckpointPolicy::MustCpuOffload});
       plan.recompute_seconds -= call->seconds;
       if (kept[i]) {  // the choice's bytes go with its first call
         plan.kept_calls[c.profile].push_back(

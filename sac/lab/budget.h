@@ -6,7 +6,7 @@
 //   auto y = sac::checkpoint(sac::CheckpointOptions().policy(policy), fn, x);
 //
 // The choice is a 0/1 knapsack over the profile's keepable calls (bytes kept
-// against time recomputed), solved exactly (a knapsack, sac/lab/internal/knapsack.h). The policy
+// against time recomputed), solved exactly (Note [The knapsack]). The policy
 // answers MustSave for the chosen calls by (op, call index) and
 // PreferRecompute otherwise, so it replays a region that runs the same ops
 // as the profiled one: the bytes it keeps after the forward are the chosen

@@ -3,6 +3,8 @@
 #include <sac/base/context.h>
 #include <sac/cache/internal/op_cache.h>
 #include <sac/cache/selective_modes.h>
+#include <sac/policy/internal/answers.h>
+#include <sac/policy/internal/tag_op.h>
 
 #include <iomanip>
 #include <optional>
@@ -24,7 +26,7 @@ class RememberingRule final : public Policy::Rule {
     answers[op][ctx.call] = answer;
     return answer;
   }
-  OpDomain domain() const override { return policy_.domain(); }
+  Policy::Domain domain() const override { return policy_.domain(); }
   std::string describe() const override { return policy_.describe(); }
 
   std::optional<CheckpointPolicy> answer_for(const c10::OperatorHandle& op, size_t call) const {
@@ -61,7 +63,7 @@ class NoCopies final : public CopyTarget {
  public:
   bool accepts(const at::Tensor&) const override { return false; }
   at::Tensor copy_out(const at::Tensor& t) override { return t; }
-  at::Tensor copy_back(const at::Tensor& copy, const CopiedFrom&) override { return copy; }
+  at::Tensor copy_back(const at::Tensor& copy, const CopyTarget::Origin&) override { return copy; }
 };
 
 }  // namespace
@@ -79,9 +81,8 @@ std::vector<KeptCall> Explanation::kept_calls() const {
     }
     int64_t bytes = 0;
     const std::vector<size_t> own{i};
-    for (const size_t maker : c.profile.shares_storage_with.empty()
-                                  ? own
-                                  : c.profile.shares_storage_with) {
+    for (const size_t maker :
+         c.profile.shares_storage_with.empty() ? own : c.profile.shares_storage_with) {
       if (!counted[maker]) {
         counted[maker] = true;
         bytes += calls_[maker].profile.output_bytes;
@@ -119,14 +120,15 @@ double Explanation::recompute_seconds() const {
 }
 
 void Explanation::print(std::ostream& out) const {
-  out << std::left << std::setw(48) << "op" << std::right << std::setw(6) << "call"
-      << std::setw(14) << "bytes" << std::setw(12) << "us" << "  " << std::left
-      << std::setw(18) << "answer" << "outcome\n";
+  out << std::left << std::setw(48) << "op" << std::right << std::setw(6) << "call" << std::setw(14)
+      << "bytes" << std::setw(12) << "us"
+      << "  " << std::left << std::setw(18) << "answer"
+      << "outcome\n";
   for (const auto& c : calls_) {
-    out << std::left << std::setw(48) << c10::toString(c.profile.op.operator_name())
-        << std::right << std::setw(6) << c.profile.call << std::setw(14)
-        << c.profile.output_bytes << std::setw(12) << std::fixed << std::setprecision(1)
-        << c.profile.seconds * 1e6 << "  " << std::left << std::setw(18)
+    out << std::left << std::setw(48) << c10::toString(c.profile.op.operator_name()) << std::right
+        << std::setw(6) << c.profile.call << std::setw(14) << c.profile.output_bytes
+        << std::setw(12) << std::fixed << std::setprecision(1) << c.profile.seconds * 1e6 << "  "
+        << std::left << std::setw(18)
         << (c.answer.has_value() ? std::string(to_string(*c.answer)) : std::string("-"))
         << to_string(c.outcome) << "\n";
   }
@@ -137,12 +139,12 @@ void Explanation::print(std::ostream& out) const {
 Explanation explain(const Policy& policy, const std::function<void()>& region) {
   auto rule = std::make_shared<RememberingRule>(policy);
   const Policy remembering(rule);
-  auto contexts = create_selective_checkpoint_contexts(remembering, false,
-                                                       std::make_shared<NoCopies>());
+  auto contexts =
+      create_selective_checkpoint_contexts(remembering, false, std::make_shared<NoCopies>());
   // One run: the caching mode records one forward.
   const RegionProfile profiled = profile(
       [&] {
-        ContextScope caching(contexts.caching.get());
+        RegionContext::Scope caching(contexts.caching.get());
         region();
       },
       /*runs=*/1);
@@ -161,9 +163,8 @@ Explanation explain(const Policy& policy, const std::function<void()>& region) {
     if (answer.has_value() && !is_tag(call.op)) {
       explained.answer = answer;
       const bool kept = contexts.cache->cached(call.op, call.call);
-      explained.outcome = kept                   ? is_offload(*answer)
-                                                       ? ExplainedCall::Outcome::Offloaded
-                                                       : ExplainedCall::Outcome::Saved
+      explained.outcome = kept ? is_offload(*answer) ? ExplainedCall::Outcome::Offloaded
+                                                     : ExplainedCall::Outcome::Saved
                           : demoted(call.op, call.call) ? ExplainedCall::Outcome::Demoted
                                                         : ExplainedCall::Outcome::Recomputed;
     }

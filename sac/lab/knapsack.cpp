@@ -18,9 +18,8 @@ class Search {
     order_.resize(items.size());
     std::iota(order_.begin(), order_.end(), 0);
     // Free items first, then by density; ties by index keep it stable.
-    std::stable_sort(order_.begin(), order_.end(), [&](size_t a, size_t b) {
-      return density(items_[a]) > density(items_[b]);
-    });
+    std::stable_sort(order_.begin(), order_.end(),
+                     [&](size_t a, size_t b) { return density(items_[a]) > density(items_[b]); });
     taken_.assign(items.size(), false);
   }
 

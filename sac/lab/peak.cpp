@@ -56,9 +56,9 @@ struct Changes {
   std::vector<std::pair<size_t, int64_t>> moments;  // bytes allocated for a moment there
 };
 
-const TracedCall* find_call(const std::unordered_map<c10::OperatorHandle,
-                                                     std::vector<TracedCall>>& calls,
-                            const c10::OperatorHandle& op, size_t call) {
+const TracedCall* find_call(
+    const std::unordered_map<c10::OperatorHandle, std::vector<TracedCall>>& calls,
+    const c10::OperatorHandle& op, size_t call) {
   const auto found = calls.find(op);
   return found == calls.end() || call >= found->second.size() ? nullptr : &found->second[call];
 }
@@ -134,8 +134,10 @@ Changes changes_of(const StepTrace& trace, const std::vector<std::vector<KeptCal
     }
   }
   for (const Standing& s : standing) {
-    TORCH_CHECK(served.count(s.recomputed) > 0, "sac::StepPhases::predict_peak: the plan keeps "
-                "call ", s.call->call, " of ", toString(s.call->op.operator_name()),
+    TORCH_CHECK(served.count(s.recomputed) > 0,
+                "sac::StepPhases::predict_peak: the plan keeps "
+                "call ",
+                s.call->call, " of ", toString(s.call->op.operator_name()),
                 ", whose output lies on the storage of an earlier call that the plan "
                 "recomputes (a view or aten::_unsafe_view of it). When the recomputation frees "
                 "that storage then is not in the measured step, so the peak is not predicted. "
@@ -271,15 +273,16 @@ int64_t StepPhases::predict_peak(const std::vector<std::vector<KeptCall>>& kept_
   return simulate(*trace_, changes_of(*trace_, kept_calls)).peak;
 }
 
-PeakPlan StepPhases::plan_for_peak(const std::vector<RegionProfile>& profiles,
-                                   int64_t peak_bytes, std::optional<OffloadCost> offload,
-                                   size_t grid) const {
+PeakPlan StepPhases::plan_for_peak(const std::vector<RegionProfile>& profiles, int64_t peak_bytes,
+                                   std::optional<OffloadCost> offload, size_t grid) const {
   TORCH_CHECK(profiles.size() == static_cast<size_t>(regions()),
               "sac::StepPhases::plan_for_peak: the step ran ", regions(), " regions, but ",
               profiles.size(), " profiles were given; give one per region, in order.");
   TORCH_CHECK(grid >= 2, "sac::StepPhases::plan_for_peak: grid must be at least 2.");
-  TORCH_CHECK(peak() <= peak_bytes, "sac::StepPhases::plan_for_peak: the step's peak under "
-              "full recomputation is ", peak(), " bytes, over the budget of ", peak_bytes,
+  TORCH_CHECK(peak() <= peak_bytes,
+              "sac::StepPhases::plan_for_peak: the step's peak under "
+              "full recomputation is ",
+              peak(), " bytes, over the budget of ", peak_bytes,
               " bytes: no plan of what to keep fits. Raise the budget, or shrink the step "
               "(smaller batches, more regions).");
   const auto start = std::chrono::steady_clock::now();
@@ -375,7 +378,8 @@ PeakPlan StepPhases::plan_for_peak(const std::vector<RegionProfile>& profiles,
   // The events: where the plan peaks, and where keeping everything does.
   double bound = everything_seconds;
   if (!live_.empty()) {
-    bound = std::min(bound, bound_at(simulate(*trace_, changes_of(*trace_, best.plan.kept_calls)).at));
+    bound =
+        std::min(bound, bound_at(simulate(*trace_, changes_of(*trace_, best.plan.kept_calls)).at));
     const BudgetedPlan all = budgeted_plan(profiles, Budget::fraction(1.0), offload);
     bound = std::min(bound, bound_at(simulate(*trace_, changes_of(*trace_, all.kept_calls)).at));
   }
@@ -412,8 +416,7 @@ void StepPhases::print(std::ostream& out, const BudgetedPlan* plan) const {
       << (plan != nullptr ? "       predicted" : "") << "\n";
   for (const StepPhase& phase : phases_) {
     out << std::left << std::setw(10) << kind_name(phase.kind) << std::right << std::setw(8)
-        << phase.region << std::setw(10) << phase.end - phase.begin << std::setw(16)
-        << phase.peak;
+        << phase.region << std::setw(10) << phase.end - phase.begin << std::setw(16) << phase.peak;
     if (plan != nullptr) {
       out << std::setw(16) << phase_peak(predicted, phase);
     }
@@ -439,17 +442,16 @@ MemoryProbe device_memory_probe(c10::Device device) {
               "counters yourself.");
   const c10::DeviceIndex index = device.has_index() ? device.index() : 0;
   constexpr size_t kAll = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
-  return {[allocator, index] {
-            return allocator->getDeviceStats(index).allocated_bytes[kAll].current;
-          },
-          [allocator, index] { return allocator->getDeviceStats(index).allocated_bytes[kAll].peak; },
-          [allocator, index] { allocator->resetPeakStats(index); },
-          [allocator, index] {
-            const auto stats = allocator->getDeviceStats(index);
-            const int64_t cached =
-                stats.reserved_bytes[kAll].current - stats.allocated_bytes[kAll].current;
-            return static_cast<int64_t>(allocator->getMemoryInfo(index).first) + cached;
-          }};
+  return {
+      [allocator, index] { return allocator->getDeviceStats(index).allocated_bytes[kAll].current; },
+      [allocator, index] { return allocator->getDeviceStats(index).allocated_bytes[kAll].peak; },
+      [allocator, index] { allocator->resetPeakStats(index); },
+      [allocator, index] {
+        const auto stats = allocator->getDeviceStats(index);
+        const int64_t cached =
+            stats.reserved_bytes[kAll].current - stats.allocated_bytes[kAll].current;
+        return static_cast<int64_t>(allocator->getMemoryInfo(index).first) + cached;
+      }};
 }
 
 StepPhases measure_step_phases(const MemoryProbe& probe, const std::function<void()>& step) {

@@ -132,8 +132,7 @@ class StepPhases {
   // trips). The prediction counts an offloaded output nowhere on the device:
   // its copy back is not modelled (no accelerator has run it).
   PeakPlan plan_for_peak(const std::vector<RegionProfile>& profiles, int64_t peak_bytes,
-                         std::optional<OffloadCost> offload = std::nullopt,
-                         size_t grid = 32) const;
+                         std::optional<OffloadCost> offload = std::nullopt, size_t grid = 32) const;
 
   // A table, one row per phase (with the prediction for `plan` if given).
   void print(std::ostream& out, const BudgetedPlan* plan = nullptr) const;

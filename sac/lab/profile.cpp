@@ -167,17 +167,18 @@ void RegionProfile::print(std::ostream& out, SortBy sort, size_t limit) const {
     rows.push_back(&c);
   }
   if (sort == SortBy::Bytes) {
-    std::stable_sort(rows.begin(), rows.end(), [](auto* a, auto* b) {
-      return a->output_bytes > b->output_bytes;
-    });
+    std::stable_sort(rows.begin(), rows.end(),
+                     [](auto* a, auto* b) { return a->output_bytes > b->output_bytes; });
   } else if (sort == SortBy::Time) {
-    std::stable_sort(rows.begin(), rows.end(), [](auto* a, auto* b) { return a->seconds > b->seconds; });
+    std::stable_sort(rows.begin(), rows.end(),
+                     [](auto* a, auto* b) { return a->seconds > b->seconds; });
   }
   if (limit != 0 && rows.size() > limit) {
     rows.resize(limit);
   }
-  out << std::left << std::setw(48) << "op" << std::right << std::setw(6) << "call"
-      << std::setw(14) << "bytes" << std::setw(12) << "us" << "  kind\n";
+  out << std::left << std::setw(48) << "op" << std::right << std::setw(6) << "call" << std::setw(14)
+      << "bytes" << std::setw(12) << "us"
+      << "  kind\n";
   for (const auto* c : rows) {
     out << std::left << std::setw(48) << c10::toString(c->op.operator_name()) << std::right
         << std::setw(6) << c->call << std::setw(14) << c->output_bytes << std::setw(12)
@@ -193,9 +194,8 @@ void RegionProfile::write_csv(std::ostream& out) const {
   for (const auto& c : calls_) {
     out << c10::toString(c.op.operator_name()) << "," << c.call << "," << c.output_bytes << ","
         << std::scientific << std::setprecision(6) << c.seconds << "," << c.cacheable << ","
-        << c.modified_later << ","
-        << c.view << "," << c.in_place << "," << c.random << "," << c.collective << ","
-        << c.device << "\n";
+        << c.modified_later << "," << c.view << "," << c.in_place << "," << c.random << ","
+        << c.collective << "," << c.device << "\n";
   }
 }
 
@@ -220,9 +220,9 @@ RegionProfile profile(const std::function<void()>& region, int runs) {
   std::vector<OpCallProfile> calls = profile_once(region);
   for (int run = 1; run < runs; ++run) {
     const std::vector<OpCallProfile> again = profile_once(region);
-    TORCH_CHECK(again.size() == calls.size(),
-                "sac::profile: the region ran ", calls.size(), " op calls in its first run and ",
-                again.size(), " in run ", run + 1, ". Profile a region that runs the same ops "
+    TORCH_CHECK(again.size() == calls.size(), "sac::profile: the region ran ", calls.size(),
+                " op calls in its first run and ", again.size(), " in run ", run + 1,
+                ". Profile a region that runs the same ops "
                 "each time (no data-dependent control flow), or profile it with runs = 1.");
     for (size_t i = 0; i < calls.size(); ++i) {
       TORCH_CHECK(again[i].op == calls[i].op, "sac::profile: op call ", i, " was ",

@@ -7,12 +7,12 @@
 // records each op call that reaches below autograd: the op, which call
 // of it this is (the `ctx.call` a policy is told), the bytes of the new
 // storage its outputs hold, its time, and what it is. The cacheable calls
-// (sac/policy/internal/op_traits.h) are the choices of a policy; their bytes are what
+// (Note [Cacheable ops]) are the choices of a policy; their bytes are what
 // saving them keeps, exactly.
 //
 // Under the fallback-key mechanism every op is seen; under per-op kernels,
 // the cacheable ops only (views and in-place ops are not intercepted there;
-// see sac/dispatch/internal/interceptor.h).
+// see Note [The interceptor]).
 //
 // The region really runs: its random ops draw from their generators and its
 // in-place ops on buffers (BatchNorm's running statistics) happen. Seed and

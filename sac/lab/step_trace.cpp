@@ -35,8 +35,8 @@ class Recorder final : public c10::MemoryReportingInfoBase,
 
   bool memoryProfilingEnabled() const override { return true; }
 
-  void reportMemoryUsage(void* ptr, int64_t bytes, size_t total_allocated,
-                         size_t total_reserved, c10::Device device) override {
+  void reportMemoryUsage(void* ptr, int64_t bytes, size_t total_allocated, size_t total_reserved,
+                         c10::Device device) override {
     if (previous_ != nullptr && previous_->memoryProfilingEnabled()) {
       previous_->reportMemoryUsage(ptr, bytes, total_allocated, total_reserved, device);
     }
@@ -67,9 +67,9 @@ class Recorder final : public c10::MemoryReportingInfoBase,
               "a region began inside the forward of region " + std::to_string(running_) +
                   ": nested regions are not covered. Checkpoint the outer code alone, or "
                   "the inner regions alone");
-    refuse_if(recomputing_ >= 0,
-              "a region began inside the recomputation of region " +
-                  std::to_string(recomputing_) + ": nested regions are not covered");
+    refuse_if(recomputing_ >= 0, "a region began inside the recomputation of region " +
+                                     std::to_string(recomputing_) +
+                                     ": nested regions are not covered");
     if (refused()) {
       return;
     }
@@ -94,10 +94,9 @@ class Recorder final : public c10::MemoryReportingInfoBase,
     if (index < 0) {
       return;  // a region from before the step: its ops are the step's code
     }
-    refuse_if(running_ >= 0, "region " + std::to_string(index) +
-                                 " was recomputed inside the forward of region " +
-                                 std::to_string(running_) +
-                                 " (a backward inside a forward): not covered");
+    refuse_if(running_ >= 0,
+              "region " + std::to_string(index) + " was recomputed inside the forward of region " +
+                  std::to_string(running_) + " (a backward inside a forward): not covered");
     refuse_if(trace_.regions[index].recompute_begin != kNever,
               "region " + std::to_string(index) +
                   " was recomputed twice (two backward passes through it): not covered");
@@ -221,12 +220,12 @@ class Recorder final : public c10::MemoryReportingInfoBase,
   c10::MemoryReportingInfoBase* const previous_;
   std::mutex mutex_;  // the trace's events, allocations and live_
   StepTrace trace_;
-  std::unordered_map<void*, size_t> live_;  // data pointer: its allocation
+  std::unordered_map<void*, size_t> live_;      // data pointer: its allocation
   std::unordered_map<const void*, int> index_;  // a region's frame: its index
-  int running_ = -1;      // the region whose forward runs
-  int recomputing_ = -1;  // the region whose recomputation runs
-  bool observing_recomputation_ = false;  // added for it (an isolation hid the step's)
-  std::vector<size_t> begins_;  // of the observed calls running
+  int running_ = -1;                            // the region whose forward runs
+  int recomputing_ = -1;                        // the region whose recomputation runs
+  bool observing_recomputation_ = false;        // added for it (an isolation hid the step's)
+  std::vector<size_t> begins_;                  // of the observed calls running
   StepPhase phase_;
   std::string refusal_;
 };
@@ -281,15 +280,18 @@ StepTrace record_step(const MemoryProbe& probe, const std::function<void()>& ste
     peak = std::max(peak, bytes);
   }
   TORCH_CHECK(peak == measured, "sac::measure_step_phases: the allocator of ", probe.device,
-              " reported allocations that peak at ", peak, " bytes over the step's start, but "
-              "the probe measured ", measured, ": the allocator does not report every "
+              " reported allocations that peak at ", peak,
+              " bytes over the step's start, but "
+              "the probe measured ",
+              measured,
+              ": the allocator does not report every "
               "allocation and free to c10's memory reporting (c10::reportMemoryUsageToProfiler), "
               "or the step allocated on another thread. The prediction would guess; it is not "
               "made. Use an allocator that reports (the counting allocator of "
               "examples/support.h; CUDA's caching allocator), and run the step on one thread.");
   for (size_t r = 0; r < trace.regions.size(); ++r) {
-    TORCH_CHECK(trace.regions[r].forward_end != kNever,
-                "sac::measure_step_phases: region ", r, "'s forward did not end in the step.");
+    TORCH_CHECK(trace.regions[r].forward_end != kNever, "sac::measure_step_phases: region ", r,
+                "'s forward did not end in the step.");
   }
   return trace;
 }

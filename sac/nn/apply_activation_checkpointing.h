@@ -55,8 +55,8 @@ template <class Impl>
 int64_t apply_activation_checkpointing(const torch::nn::ModuleHolder<Impl>& model,
                                        const ModulePredicate& predicate,
                                        std::optional<CheckpointOptions> options = std::nullopt) {
-  return apply_activation_checkpointing(
-      std::static_pointer_cast<torch::nn::Module>(model.ptr()), predicate, std::move(options));
+  return apply_activation_checkpointing(std::static_pointer_cast<torch::nn::Module>(model.ptr()),
+                                        predicate, std::move(options));
 }
 
 // A predicate choosing the modules of type `Impl` (PyTorch's

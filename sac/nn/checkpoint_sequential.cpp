@@ -9,8 +9,7 @@ namespace sac {
 namespace {
 
 // Modules [begin, end) of `sequential`, one after the other.
-at::Tensor run_modules(torch::nn::Sequential sequential, int64_t begin, int64_t end,
-                       at::Tensor x) {
+at::Tensor run_modules(torch::nn::Sequential sequential, int64_t begin, int64_t end, at::Tensor x) {
   for (auto it = sequential->begin() + begin; it != sequential->begin() + end; ++it) {
     x = it->forward(x);
   }
@@ -19,14 +18,13 @@ at::Tensor run_modules(torch::nn::Sequential sequential, int64_t begin, int64_t 
 
 }  // namespace
 
-at::Tensor checkpoint_sequential(const torch::nn::Sequential& sequential,
-                                 int64_t segments, const at::Tensor& input,
-                                 const CheckpointOptions& options) {
+at::Tensor checkpoint_sequential(const torch::nn::Sequential& sequential, int64_t segments,
+                                 const at::Tensor& input, const CheckpointOptions& options) {
   const auto size = static_cast<int64_t>(sequential->size());
   TORCH_CHECK(segments >= 1 && segments <= size,
               "sac::checkpoint_sequential: segments must be between 1 and the "
-              "number of modules in the Sequential (", size, "), got ", segments,
-              ".");
+              "number of modules in the Sequential (",
+              size, "), got ", segments, ".");
   const int64_t segment_size = size / segments;
   at::Tensor x = input;
   int64_t begin = 0;
@@ -42,8 +40,8 @@ at::Tensor checkpoint_sequential(const torch::nn::Sequential& sequential,
   return run_modules(sequential, begin, size, x);
 }
 
-at::Tensor checkpoint_sequential(const torch::nn::Sequential& sequential,
-                                 int64_t segments, const at::Tensor& input) {
+at::Tensor checkpoint_sequential(const torch::nn::Sequential& sequential, int64_t segments,
+                                 const at::Tensor& input) {
   return checkpoint_sequential(sequential, segments, input, detail::scoped_options());
 }
 

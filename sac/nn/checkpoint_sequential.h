@@ -19,13 +19,12 @@ namespace sac {
 // sac::checkpoint with `options` (run again in backward); the last runs as
 // usual, since backward needs its tensors first. Throws unless
 // 1 <= segments <= sequential->size().
-at::Tensor checkpoint_sequential(const torch::nn::Sequential& sequential,
-                                 int64_t segments, const at::Tensor& input,
-                                 const CheckpointOptions& options);
+at::Tensor checkpoint_sequential(const torch::nn::Sequential& sequential, int64_t segments,
+                                 const at::Tensor& input, const CheckpointOptions& options);
 
 // With the options of the innermost CheckpointScope on this thread, or the
 // defaults (full recomputation).
-at::Tensor checkpoint_sequential(const torch::nn::Sequential& sequential,
-                                 int64_t segments, const at::Tensor& input);
+at::Tensor checkpoint_sequential(const torch::nn::Sequential& sequential, int64_t segments,
+                                 const at::Tensor& input);
 
 }  // namespace sac

@@ -17,12 +17,11 @@ at::Tensor CheckpointWrapperImpl<torch::nn::AnyModule>::forward(at::Tensor input
         auto output = module->any_forward(x);
         const at::Tensor* tensor = output.try_get<at::Tensor>();
         TORCH_CHECK(tensor != nullptr, "sac::CheckpointWrapper: the wrapped ",
-                    module->ptr()->name(), " returned a ",
-                    c10::demangle(output.type_info().name()),
+                    module->ptr()->name(), " returned a ", c10::demangle(output.type_info().name()),
                     "; a type-erased wrapper (as apply_activation_checkpointing puts "
                     "into a Sequential) takes one tensor and returns one. Wrap "
-                    "this module as sac::CheckpointWrapper<", module->ptr()->name(),
-                    "> instead.");
+                    "this module as sac::CheckpointWrapper<",
+                    module->ptr()->name(), "> instead.");
         return *tensor;
       },
       std::move(input));

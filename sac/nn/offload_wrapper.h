@@ -32,7 +32,8 @@ class OffloadWrapperImpl : public detail::StandIn {
 
   template <class... Args>
   auto forward(Args&&... args) {
-    OffloadGuard offload(OffloadOptions(options_).keep(parameters()).keep(buffers()));
+    OffloadGuard offload(
+        OffloadOptions(options_).leave_in_place(parameters()).leave_in_place(buffers()));
     return module_->forward(std::forward<Args>(args)...);
   }
 

@@ -12,8 +12,7 @@ StandIn::StandIn(std::shared_ptr<torch::nn::Module> module, std::string kind)
   // The same tensors and modules under the same names: the wrapper's state
   // is the module's, in the order the module lists it.
   for (const auto& parameter : module_->named_parameters(/*recurse=*/false)) {
-    register_parameter(parameter.key(), parameter.value(),
-                       parameter.value().requires_grad());
+    register_parameter(parameter.key(), parameter.value(), parameter.value().requires_grad());
   }
   for (const auto& buffer : module_->named_buffers(/*recurse=*/false)) {
     register_buffer(buffer.key(), buffer.value());
@@ -36,9 +35,7 @@ void StandIn::to(torch::Device device, torch::Dtype dtype, bool non_blocking) {
   module_->to(device, dtype, non_blocking);
 }
 void StandIn::to(torch::Dtype dtype, bool non_blocking) { module_->to(dtype, non_blocking); }
-void StandIn::to(torch::Device device, bool non_blocking) {
-  module_->to(device, non_blocking);
-}
+void StandIn::to(torch::Device device, bool non_blocking) { module_->to(device, non_blocking); }
 
 void StandIn::pretty_print(std::ostream& stream) const {
   stream << kind_ << "(";

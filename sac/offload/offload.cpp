@@ -16,14 +16,13 @@ namespace sac {
 namespace {
 
 // What one OffloadGuard decided: which tensors move, and where.
-class Offloader final : public TensorStash,
-                        public std::enable_shared_from_this<Offloader> {
+class Offloader final : public TensorStash, public std::enable_shared_from_this<Offloader> {
  public:
   explicit Offloader(OffloadOptions options) : options_(std::move(options)) {
     if (options_.target() == nullptr) {
       options_.target(host_memory());
     }
-    for (const auto& t : options_.kept()) {
+    for (const auto& t : options_.left_in_place()) {
       if (t.defined() && t.has_storage()) {
         kept_storages_.insert(t.storage().unsafeGetStorageImpl());
       }
@@ -64,7 +63,7 @@ class OffloadHooks final : public torch::autograd::SavedVariableHooks {
     // sees them, and autograd does not record them.
     dispatch::IsolationGuard isolated;
     c10::AutoGradMode no_grad(false);
-    from_ = CopiedFrom::of(t);
+    from_ = CopyTarget::Origin::of(t);
     copy_ = offloader_->target().copy_out(t);
   }
 
@@ -72,8 +71,9 @@ class OffloadHooks final : public torch::autograd::SavedVariableHooks {
     TORCH_CHECK(watch_.has_value(), "sac: an offloaded tensor was unpacked before it was packed");
     TORCH_CHECK(!watch_->changed(),
                 "sac::OffloadGuard: a tensor saved for backward was modified in place "
-                "after it was saved (version ", watch_->version(), " when saved, ",
-                watch_->current_version(), " now), so backward would use the value it "
+                "after it was saved (version ",
+                watch_->version(), " when saved, ", watch_->current_version(),
+                " now), so backward would use the value it "
                 "had then. Autograd without hooks raises the same error: do not modify "
                 "it before backward, or modify a clone.");
     if (kept_.defined()) {
@@ -89,7 +89,7 @@ class OffloadHooks final : public torch::autograd::SavedVariableHooks {
   std::optional<VersionWatch> watch_;
   at::Tensor kept_;
   at::Tensor copy_;
-  CopiedFrom from_;
+  CopyTarget::Origin from_;
 };
 
 std::unique_ptr<torch::autograd::SavedVariableHooks> Offloader::hooks() {
@@ -101,8 +101,8 @@ std::unique_ptr<torch::autograd::SavedVariableHooks> Offloader::hooks() {
 OffloadGuard::OffloadGuard(OffloadOptions options) {
   detail::install_hooking_engine();
   auto offloader = std::make_shared<Offloader>(std::move(options));
-  hooks_ = std::make_unique<detail::SavedTensorHooksGuard>(
-      [offloader] { return offloader->hooks(); });
+  hooks_ =
+      std::make_unique<detail::SavedTensorHooksGuard>([offloader] { return offloader->hooks(); });
   stash_ = std::make_unique<StashScope>(offloader);
 }
 

@@ -1,7 +1,7 @@
 // sac::OffloadGuard: keep the tensors saved for backward in host memory.
 //
 //   {
-//     sac::OffloadGuard offload(sac::OffloadOptions().keep(model->parameters()));
+//     sac::OffloadGuard offload(sac::OffloadOptions().leave_in_place(model->parameters()));
 //     loss = model->forward(x);   // what autograd saves moves to the host
 //   }
 //   loss.backward();              // and comes back as backward needs it
@@ -50,8 +50,8 @@ class OffloadOptions {
   // Tensors on these tensors' storages stay where they are. Pass the model's
   // parameters: they stay on the device anyway, so a host copy would only
   // add traffic and host memory (save_on_cpu copies them).
-  OffloadOptions& keep(const std::vector<at::Tensor>& tensors) {
-    keep_.insert(keep_.end(), tensors.begin(), tensors.end());
+  OffloadOptions& leave_in_place(const std::vector<at::Tensor>& tensors) {
+    in_place_.insert(in_place_.end(), tensors.begin(), tensors.end());
     return *this;
   }
   // Where tensors go. Default host_memory().
@@ -61,12 +61,12 @@ class OffloadOptions {
   }
 
   int64_t min_bytes() const { return min_bytes_; }
-  const std::vector<at::Tensor>& kept() const { return keep_; }
+  const std::vector<at::Tensor>& left_in_place() const { return in_place_; }
   const std::shared_ptr<CopyTarget>& target() const { return target_; }
 
  private:
   int64_t min_bytes_ = 0;
-  std::vector<at::Tensor> keep_;
+  std::vector<at::Tensor> in_place_;
   std::shared_ptr<CopyTarget> target_;
 };
 

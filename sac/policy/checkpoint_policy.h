@@ -31,36 +31,6 @@ enum class CheckpointPolicy {
   PreferCpuOffload,
 };
 
-constexpr bool is_save(CheckpointPolicy policy) {
-  return policy == CheckpointPolicy::MustSave ||
-         policy == CheckpointPolicy::PreferSave;
-}
-
-constexpr bool is_recompute(CheckpointPolicy policy) {
-  return policy == CheckpointPolicy::MustRecompute ||
-         policy == CheckpointPolicy::PreferRecompute;
-}
-
-constexpr bool is_offload(CheckpointPolicy policy) {
-  return policy == CheckpointPolicy::MustCpuOffload ||
-         policy == CheckpointPolicy::PreferCpuOffload;
-}
-
-// Save or offload: the outputs are kept somewhere until backward.
-constexpr bool is_kept(CheckpointPolicy policy) { return !is_recompute(policy); }
-
-constexpr bool is_must(CheckpointPolicy policy) {
-  return policy == CheckpointPolicy::MustSave ||
-         policy == CheckpointPolicy::MustRecompute ||
-         policy == CheckpointPolicy::MustCpuOffload;
-}
-
-// A bool-returning policy's answer: true saves (MustSave), false recomputes
-// (PreferRecompute), as PyTorch maps it.
-constexpr CheckpointPolicy policy_from_bool(bool save) {
-  return save ? CheckpointPolicy::MustSave : CheckpointPolicy::PreferRecompute;
-}
-
 std::string_view to_string(CheckpointPolicy policy);
 
 // What a policy is told about the call it decides on. As in PyTorch 2.13, a

@@ -2,6 +2,7 @@
 
 #include <sac/dispatch/internal/boxed.h>
 #include <sac/policy/internal/op_names.h>
+#include <sac/policy/internal/answers.h>
 
 #include <c10/util/Exception.h>
 
@@ -11,9 +12,7 @@ namespace sac {
 namespace {
 
 // How much of a call's outputs an answer keeps on the device.
-int keep_rank(CheckpointPolicy answer) {
-  return is_save(answer) ? 2 : is_offload(answer) ? 1 : 0;
-}
+int keep_rank(CheckpointPolicy answer) { return is_save(answer) ? 2 : is_offload(answer) ? 1 : 0; }
 
 enum class Prefer { MostKept, LeastKept };
 
@@ -35,8 +34,8 @@ std::string describe_all(const char* name, const std::vector<Policy>& policies) 
   return out + ")";
 }
 
-OpDomain united(const std::vector<Policy>& policies) {
-  OpDomain domain;
+Policy::Domain united(const std::vector<Policy>& policies) {
+  Policy::Domain domain;
   for (const auto& policy : policies) {
     domain = domain.united_with(policy.domain());
   }
@@ -60,7 +59,7 @@ class CombinedRule final : public Policy::Rule {
     }
     return best;
   }
-  OpDomain domain() const override { return united(policies_); }
+  Policy::Domain domain() const override { return united(policies_); }
   std::string describe() const override { return describe_all(name_, policies_); }
 
  private:
@@ -85,7 +84,9 @@ class ExceptRule final : public Policy::Rule {
   }
   // Only the policy's ops can be kept; the exclusion is asked about those,
   // and about its tags: a tag it keeps recomputes the tagged value's call.
-  OpDomain domain() const override { return policy_.domain().with_tags_of(excluded_.domain()); }
+  Policy::Domain domain() const override {
+    return policy_.domain().with_tags_of(excluded_.domain());
+  }
   std::string describe() const override {
     return "except(" + policy_.describe() + ", " + excluded_.describe() + ")";
   }
@@ -105,7 +106,7 @@ class EveryNthRule final : public Policy::Rule {
     return listed && (ctx.call + 1) % n_ == 0 ? CheckpointPolicy::MustSave
                                               : CheckpointPolicy::PreferRecompute;
   }
-  OpDomain domain() const override { return OpDomain::listed(ops_); }
+  Policy::Domain domain() const override { return Policy::Domain::listed(ops_); }
   std::string describe() const override {
     return "every_nth(" + name_ + ", " + std::to_string(n_) + ")";
   }
@@ -122,14 +123,16 @@ class OutputTestRule final : public Policy::Rule {
   using Test = std::function<bool(c10::ArrayRef<c10::IValue> outputs)>;
   using Change = CheckpointPolicy (*)(CheckpointPolicy answer, bool passed);
   OutputTestRule(std::string name, Policy policy, Test test, Change change)
-      : name_(std::move(name)), policy_(std::move(policy)), test_(std::move(test)),
+      : name_(std::move(name)),
+        policy_(std::move(policy)),
+        test_(std::move(test)),
         change_(change) {}
   CheckpointPolicy decide(const SelectiveCheckpointContext& ctx, const c10::OperatorHandle& op,
                           c10::ArrayRef<c10::IValue> args) const override {
     const CheckpointPolicy answer = policy_.decide(ctx, op, args);
     return change_(answer, test_(ctx.op_output));
   }
-  OpDomain domain() const override { return policy_.domain(); }
+  Policy::Domain domain() const override { return policy_.domain(); }
   std::string describe() const override { return name_ + "(" + policy_.describe() + ")"; }
 
  private:
@@ -144,9 +147,8 @@ template <class Test>
 bool every_tensor(c10::ArrayRef<c10::IValue> outputs, const Test& test) {
   bool all = true;
   for (const auto& output : outputs) {
-    dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
-      all = all && (!t.defined() || test(t));
-    });
+    dispatch::for_each_tensor(output,
+                              [&](const at::Tensor& t) { all = all && (!t.defined() || test(t)); });
   }
   return all;
 }
@@ -183,7 +185,7 @@ Policy every_nth(const std::string& op_name, int64_t n) {
   return Policy(std::make_shared<EveryNthRule>(op_name, listed.domain().ops, n));
 }
 
-Policy for_shapes(Policy policy, ShapePredicate keep_if) {
+Policy for_shapes(Policy policy, std::function<bool(c10::IntArrayRef sizes)> keep_if) {
   TORCH_CHECK(static_cast<bool>(keep_if), "sac::for_shapes got an empty predicate.");
   return Policy(std::make_shared<OutputTestRule>(
       "for_shapes", std::move(policy),
@@ -193,7 +195,7 @@ Policy for_shapes(Policy policy, ShapePredicate keep_if) {
       &keep_if_passed));
 }
 
-Policy offload_if(Policy policy, TensorPredicate offload) {
+Policy offload_if(Policy policy, std::function<bool(const at::Tensor&)> offload) {
   TORCH_CHECK(static_cast<bool>(offload), "sac::offload_if got an empty predicate.");
   return Policy(std::make_shared<OutputTestRule>(
       "offload_if", std::move(policy),

@@ -47,13 +47,11 @@ Policy every_nth(const std::string& op_name, int64_t n);
 
 // `policy`'s answer for calls whose every tensor output has sizes that
 // satisfy `keep_if`; PreferRecompute for the others.
-using ShapePredicate = std::function<bool(c10::IntArrayRef sizes)>;
-Policy for_shapes(Policy policy, ShapePredicate keep_if);
+Policy for_shapes(Policy policy, std::function<bool(c10::IntArrayRef sizes)> keep_if);
 
 // `policy`'s answer, but offload (of the same strength) instead of save for
 // calls whose every tensor output satisfies `offload`.
-using TensorPredicate = std::function<bool(const at::Tensor&)>;
-Policy offload_if(Policy policy, TensorPredicate offload);
+Policy offload_if(Policy policy, std::function<bool(const at::Tensor&)> offload);
 // Offloads the saved calls whose outputs are `min_bytes` or larger in all.
 Policy offload_if(Policy policy, int64_t min_bytes);
 

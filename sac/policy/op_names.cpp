@@ -12,8 +12,7 @@ namespace sac::policy {
 namespace {
 
 std::string display_name(const c10::OperatorName& name) {
-  return name.overload_name.empty() ? name.name
-                                    : name.name + "." + name.overload_name;
+  return name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
 }
 
 size_t edit_distance(std::string_view a, std::string_view b) {
@@ -24,8 +23,7 @@ size_t edit_distance(std::string_view a, std::string_view b) {
     row[0] = i;
     for (size_t j = 1; j <= b.size(); ++j) {
       const size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1,
-                         diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
       diagonal = above;
     }
   }
@@ -50,12 +48,12 @@ std::vector<c10::OperatorHandle> overloads_of(const std::string& base) {
 }
 
 [[noreturn]] void fail_unknown(std::string_view text) {
-  C10_THROW_ERROR(Error, c10::str(
-      "sac: no operator named '", text,
-      "' is registered. Closest registered names: ",
-      c10::Join(", ", closest_op_names(text, 5)),
-      ". Check the spelling, and that the library defining a custom op is "
-      "loaded before the policy is built."));
+  C10_THROW_ERROR(Error,
+                  c10::str("sac: no operator named '", text,
+                           "' is registered. Closest registered names: ",
+                           c10::Join(", ", closest_op_names(text, 5)),
+                           ". Check the spelling, and that the library defining a custom op is "
+                           "loaded before the policy is built."));
 }
 
 }  // namespace
@@ -77,9 +75,9 @@ std::vector<std::string> closest_op_names(std::string_view name, size_t count) {
 
 std::vector<c10::OperatorHandle> resolve_op_name(std::string_view text) {
   const size_t separator = text.find("::");
-  TORCH_CHECK(separator != std::string_view::npos && separator > 0 &&
-                  separator + 2 < text.size(),
-              "sac: '", text, "' is not an op name. Write namespace::name or "
+  TORCH_CHECK(separator != std::string_view::npos && separator > 0 && separator + 2 < text.size(),
+              "sac: '", text,
+              "' is not an op name. Write namespace::name or "
               "namespace::name.overload, for example \"aten::mm\" or "
               "\"aten::add.Tensor\".");
   const size_t dot = text.find('.', separator + 2);
@@ -117,10 +115,12 @@ std::vector<c10::OperatorHandle> resolve_op_name(std::string_view text) {
   for (const auto& op : overloads) {
     names.push_back(display_name(op.operator_name()));
   }
-  C10_THROW_ERROR(Error, c10::str(
-      "sac: '", text, "' names an op with several overloads and no default "
-      "one: ", c10::Join(", ", names), ". Name the overload you mean (for example \"",
-      names.front(), "\"), or all of them with \"", base, ".*\"."));
+  C10_THROW_ERROR(Error,
+                  c10::str("sac: '", text,
+                           "' names an op with several overloads and no default "
+                           "one: ",
+                           c10::Join(", ", names), ". Name the overload you mean (for example \"",
+                           names.front(), "\"), or all of them with \"", base, ".*\"."));
 }
 
 }  // namespace sac::policy

@@ -45,10 +45,10 @@ bool decomposes_above_autograd(const c10::OperatorHandle& op) {
   if (!op.hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd)) {
     return false;
   }
-  for (const auto key : {DispatchKey::CPU, DispatchKey::CUDA,
-                         DispatchKey::CompositeExplicitAutograd,
-                         DispatchKey::CompositeExplicitAutogradNonFunctional,
-                         DispatchKey::AutogradCPU, DispatchKey::AutogradCUDA}) {
+  for (const auto key :
+       {DispatchKey::CPU, DispatchKey::CUDA, DispatchKey::CompositeExplicitAutograd,
+        DispatchKey::CompositeExplicitAutogradNonFunctional, DispatchKey::AutogradCPU,
+        DispatchKey::AutogradCUDA}) {
     if (op.hasKernelForDispatchKey(key)) {
       return false;
     }
@@ -88,9 +88,9 @@ bool is_view(const c10::OperatorHandle& op) {
 
 bool makes_uninitialized_memory(const c10::OperatorHandle& op) {
   const std::string& name = op.operator_name().name;
-  return name == "aten::empty" || name == "aten::empty_like" ||
-         name == "aten::empty_strided" || name == "aten::new_empty" ||
-         name == "aten::new_empty_strided" || name == "aten::empty_permuted";
+  return name == "aten::empty" || name == "aten::empty_like" || name == "aten::empty_strided" ||
+         name == "aten::new_empty" || name == "aten::new_empty_strided" ||
+         name == "aten::empty_permuted";
 }
 
 bool is_random(const c10::OperatorHandle& op) {

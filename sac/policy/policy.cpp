@@ -3,6 +3,9 @@
 #include <sac/dispatch/internal/interceptor.h>
 #include <sac/policy/internal/op_names.h>
 #include <sac/policy/internal/op_traits.h>
+#include <sac/policy/internal/answers.h>
+#include <sac/policy/internal/tag_op.h>
+#include <sac/dispatch/internal/placement.h>
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
@@ -13,25 +16,19 @@ namespace sac {
 
 std::string_view to_string(CheckpointPolicy policy) {
   switch (policy) {
-    case CheckpointPolicy::MustSave:
-      return "MustSave";
-    case CheckpointPolicy::PreferSave:
-      return "PreferSave";
-    case CheckpointPolicy::MustRecompute:
-      return "MustRecompute";
-    case CheckpointPolicy::PreferRecompute:
-      return "PreferRecompute";
-    case CheckpointPolicy::MustCpuOffload:
-      return "MustCpuOffload";
-    case CheckpointPolicy::PreferCpuOffload:
-      return "PreferCpuOffload";
+    case CheckpointPolicy::MustSave: return "MustSave";
+    case CheckpointPolicy::PreferSave: return "PreferSave";
+    case CheckpointPolicy::MustRecompute: return "MustRecompute";
+    case CheckpointPolicy::PreferRecompute: return "PreferRecompute";
+    case CheckpointPolicy::MustCpuOffload: return "MustCpuOffload";
+    case CheckpointPolicy::PreferCpuOffload: return "PreferCpuOffload";
   }
   return "unknown";
 }
 
-// ---- OpDomain ---------------------------------------------------------------
+// ---- Policy::Domain ------------------------------------------------------------
 
-bool OpDomain::contains(const c10::OperatorHandle& op) const {
+bool Policy::Domain::contains(const c10::OperatorHandle& op) const {
   if (is_tag(op)) {
     return tags;
   }
@@ -41,8 +38,8 @@ bool OpDomain::contains(const c10::OperatorHandle& op) const {
   return std::find(ops.begin(), ops.end(), op) != ops.end();
 }
 
-OpDomain OpDomain::united_with(const OpDomain& other) const {
-  OpDomain out = with_tags_of(other);
+Policy::Domain Policy::Domain::united_with(const Policy::Domain& other) const {
+  Policy::Domain out = with_tags_of(other);
   if (every_cacheable_op || other.every_cacheable_op) {
     out.every_cacheable_op = true;
     out.ops.clear();
@@ -56,8 +53,8 @@ OpDomain OpDomain::united_with(const OpDomain& other) const {
   return out;
 }
 
-OpDomain OpDomain::with_tags_of(const OpDomain& other) const {
-  OpDomain out = *this;
+Policy::Domain Policy::Domain::with_tags_of(const Policy::Domain& other) const {
+  Policy::Domain out = *this;
   out.tags = tags || other.tags;
   for (const auto& name : other.names) {
     if (std::find(out.names.begin(), out.names.end(), name) == out.names.end()) {
@@ -74,8 +71,7 @@ namespace {
 // The listed ops get `answer`; the rest PreferRecompute.
 class OpListRule final : public Policy::Rule {
  public:
-  OpListRule(std::vector<c10::OperatorHandle> ops, CheckpointPolicy answer,
-             std::string description)
+  OpListRule(std::vector<c10::OperatorHandle> ops, CheckpointPolicy answer, std::string description)
       : ops_(std::move(ops)), answer_(answer), description_(std::move(description)) {}
 
   CheckpointPolicy decide(const SelectiveCheckpointContext&, const c10::OperatorHandle& op,
@@ -84,7 +80,7 @@ class OpListRule final : public Policy::Rule {
                ? answer_
                : CheckpointPolicy::PreferRecompute;
   }
-  OpDomain domain() const override { return OpDomain::listed(ops_); }
+  Policy::Domain domain() const override { return Policy::Domain::listed(ops_); }
   std::string describe() const override { return description_; }
 
  private:
@@ -105,7 +101,7 @@ class CallbackRule final : public Policy::Rule {
                           c10::ArrayRef<c10::IValue> args) const override {
     return fn_(ctx, op, args);
   }
-  OpDomain domain() const override { return OpDomain::every_cacheable(); }
+  Policy::Domain domain() const override { return Policy::Domain::every_cacheable(); }
   std::string describe() const override { return "callback"; }
 
  private:
@@ -148,23 +144,23 @@ std::vector<c10::OperatorHandle> resolve_cacheable(const std::vector<std::string
 
 Policy::Policy(std::shared_ptr<const Rule> rule) : rule_(std::move(rule)) {
   TORCH_CHECK(rule_ != nullptr, "sac: a Policy needs a rule; got a null one.");
-  domain_ = std::make_shared<const OpDomain>(rule_->domain());
+  domain_ = std::make_shared<const Policy::Domain>(rule_->domain());
 }
 
 Policy Policy::save_ops(const std::vector<std::string>& op_names) {
-  TORCH_CHECK(!op_names.empty(),
-              "sac: Policy::save_ops got an empty op list, which would save "
-              "nothing (full recomputation). Name the ops to save, or "
-              "checkpoint without a policy (or with sac::nothing_saveable()) "
-              "for full recomputation.");
+  TORCH_CHECK(!op_names.empty(), "sac: Policy::save_ops got an empty op list, which would save "
+                                 "nothing (full recomputation). Name the ops to save, or "
+                                 "checkpoint without a policy (or with sac::nothing_saveable()) "
+                                 "for full recomputation.");
   return answer_ops(resolve_cacheable(op_names, "save_ops"), CheckpointPolicy::MustSave,
                     listing("save_ops(", op_names));
 }
 
-Policy Policy::answer_ops(const std::vector<std::string>& op_names,
-                          CheckpointPolicy answer) {
-  TORCH_CHECK(!op_names.empty(), "sac: Policy::answer_ops got an empty op list; name "
-              "the ops that get ", to_string(answer), ".");
+Policy Policy::answer_ops(const std::vector<std::string>& op_names, CheckpointPolicy answer) {
+  TORCH_CHECK(!op_names.empty(),
+              "sac: Policy::answer_ops got an empty op list; name "
+              "the ops that get ",
+              to_string(answer), ".");
   return answer_ops(resolve_cacheable(op_names, "answer_ops"), answer,
                     listing("answer_ops(" + std::string(to_string(answer)) + ", ", op_names));
 }
@@ -174,7 +170,8 @@ Policy Policy::answer_ops(std::vector<c10::OperatorHandle> ops, CheckpointPolicy
   if (answer != CheckpointPolicy::PreferRecompute && answer != CheckpointPolicy::MustRecompute) {
     for (const auto& op : ops) {
       TORCH_CHECK(!dispatch::mechanism_misses(op), "sac: ", description, " names ",
-                  op.operator_name(), ", whose calls through LibTorch's torch:: factory "
+                  op.operator_name(),
+                  ", whose calls through LibTorch's torch:: factory "
                   "functions (torch::zeros, torch::arange, torch::randn_like, ...) sac's "
                   "per-op kernels never see: those functions dispatch below the "
                   "ADInplaceOrView key where the kernels sit. The policy would not "
@@ -186,22 +183,22 @@ Policy Policy::answer_ops(std::vector<c10::OperatorHandle> ops, CheckpointPolicy
 }
 
 Policy Policy::from_fn(Fn fn) {
-  TORCH_CHECK(static_cast<bool>(fn),
-              "sac: Policy::from_fn got an empty std::function; pass a "
-              "callable that returns a sac::CheckpointPolicy or a bool.");
+  TORCH_CHECK(static_cast<bool>(fn), "sac: Policy::from_fn got an empty std::function; pass a "
+                                     "callable that returns a sac::CheckpointPolicy or a bool.");
   return Policy(std::make_shared<CallbackRule>(std::move(fn)));
 }
 
 Policy Policy::from_fn(BoolFn fn) {
-  TORCH_CHECK(static_cast<bool>(fn),
-              "sac: Policy::from_fn got an empty std::function; pass a "
-              "callable that returns a sac::CheckpointPolicy or a bool.");
-  return from_fn(Fn([fn = std::move(fn)](const SelectiveCheckpointContext& ctx,
-                                         const c10::OperatorHandle& op,
-                                         c10::ArrayRef<c10::IValue> args) {
-    return policy_from_bool(fn(ctx, op, args));
-  }));
+  TORCH_CHECK(static_cast<bool>(fn), "sac: Policy::from_fn got an empty std::function; pass a "
+                                     "callable that returns a sac::CheckpointPolicy or a bool.");
+  return from_fn(
+      Fn([fn = std::move(fn)](const SelectiveCheckpointContext& ctx, const c10::OperatorHandle& op,
+                              c10::ArrayRef<c10::IValue> args) {
+        return policy_from_bool(fn(ctx, op, args));
+      }));
 }
+
+bool Policy::is_tag_op(const c10::OperatorHandle& op) { return is_tag(op); }
 
 void Policy::prepare_interception() const {
   if (domain_->every_cacheable_op) {

@@ -8,7 +8,6 @@
 #pragma once
 
 #include <sac/policy/checkpoint_policy.h>
-#include <sac/policy/tag.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
@@ -21,35 +20,6 @@
 
 namespace sac {
 
-// The op calls a policy is asked about: every cacheable op
-// (sac/policy/internal/op_traits.h), or a list of them; and the named values
-// (sac/policy/tag.h), or not.
-struct OpDomain {
-  bool every_cacheable_op = false;
-  std::vector<c10::OperatorHandle> ops;  // without every_cacheable_op
-  // Whether the policy is asked about sac::tag calls, and the names it
-  // mentions: a region whose forward tags none of them is reported.
-  bool tags = false;
-  std::vector<std::string> names;
-
-  static OpDomain every_cacheable() {
-    OpDomain domain;
-    domain.every_cacheable_op = true;
-    return domain;
-  }
-  static OpDomain listed(std::vector<c10::OperatorHandle> ops) {
-    OpDomain domain;
-    domain.ops = std::move(ops);
-    return domain;
-  }
-
-  bool contains(const c10::OperatorHandle& op) const;
-  // Both domains' ops and tags.
-  OpDomain united_with(const OpDomain& other) const;
-  // This domain with `other`'s tags and names added.
-  OpDomain with_tags_of(const OpDomain& other) const;
-};
-
 // A policy is asked about every call of an op in its domain, in a region run
 // under a caching mode, once, after the op ran. It is cheap to copy: copies
 // share one immutable rule (and one callback object: a stateful callback
@@ -59,9 +29,38 @@ class Policy {
   using Fn = std::function<CheckpointPolicy(const SelectiveCheckpointContext&,
                                             const c10::OperatorHandle& op,
                                             c10::ArrayRef<c10::IValue> args)>;
-  using BoolFn = std::function<bool(const SelectiveCheckpointContext&,
-                                    const c10::OperatorHandle& op,
-                                    c10::ArrayRef<c10::IValue> args)>;
+  using BoolFn =
+      std::function<bool(const SelectiveCheckpointContext&, const c10::OperatorHandle& op,
+                         c10::ArrayRef<c10::IValue> args)>;
+
+  // The op calls a policy is asked about: every cacheable op
+  // (Note [Cacheable ops]), or a list of them; and the named values
+  // (sac/policy/tag.h), or not.
+  struct Domain {
+    bool every_cacheable_op = false;
+    std::vector<c10::OperatorHandle> ops;  // without every_cacheable_op
+    // Whether the policy is asked about sac::tag calls, and the names it
+    // mentions: a region whose forward tags none of them is reported.
+    bool tags = false;
+    std::vector<std::string> names;
+
+    static Domain every_cacheable() {
+      Domain domain;
+      domain.every_cacheable_op = true;
+      return domain;
+    }
+    static Domain listed(std::vector<c10::OperatorHandle> ops) {
+      Domain domain;
+      domain.ops = std::move(ops);
+      return domain;
+    }
+
+    bool contains(const c10::OperatorHandle& op) const;
+    // Both domains' ops and tags.
+    Domain united_with(const Domain& other) const;
+    // This domain with `other`'s tags and names added.
+    Domain with_tags_of(const Domain& other) const;
+  };
 
   // What a policy is made of: the answer for one call. Implement it for a
   // kind of policy the factories, presets and combinators do not make.
@@ -75,7 +74,7 @@ class Policy {
     virtual CheckpointPolicy decide(const SelectiveCheckpointContext& ctx,
                                     const c10::OperatorHandle& op,
                                     c10::ArrayRef<c10::IValue> args) const = 0;
-    virtual OpDomain domain() const = 0;
+    virtual Domain domain() const = 0;
     // How the policy reads in messages: "save_ops(aten::mm)".
     virtual std::string describe() const = 0;
   };
@@ -84,7 +83,7 @@ class Policy {
 
   // Saves (MustSave) the outputs of the listed ops and recomputes
   // (PreferRecompute) everything else. Names are resolved now, strictly (see
-  // sac/policy/internal/op_names.h): an unknown name, an ambiguous one, or one that
+  // Note [Resolving op names]): an unknown name, an ambiguous one, or one that
   // sac can never cache (a view, an in-place op, a composite op that never
   // reaches below autograd, an op PyTorch ignores) throws a c10::Error that
   // says why and what to write instead. An empty list is an error too: it
@@ -94,8 +93,7 @@ class Policy {
 
   // Answers `answer` for the listed ops (resolved as for save_ops) and
   // PreferRecompute for everything else.
-  static Policy answer_ops(const std::vector<std::string>& op_names,
-                           CheckpointPolicy answer);
+  static Policy answer_ops(const std::vector<std::string>& op_names, CheckpointPolicy answer);
   // The same for operators found already (no checks), described as
   // `description` in messages.
   static Policy answer_ops(std::vector<c10::OperatorHandle> ops, CheckpointPolicy answer,
@@ -116,26 +114,28 @@ class Policy {
   // of its domain; each answers PreferRecompute for the ops outside its own.
   // Tags are kept from the rules that do not ask about them here, so that a
   // callback written for aten ops never meets sac::tag.
-  CheckpointPolicy decide(const SelectiveCheckpointContext& ctx,
-                          const c10::OperatorHandle& op,
+  CheckpointPolicy decide(const SelectiveCheckpointContext& ctx, const c10::OperatorHandle& op,
                           c10::ArrayRef<c10::IValue> args) const {
-    if (!domain_->tags && is_tag(op)) {
+    if (!domain_->tags && is_tag_op(op)) {
       return CheckpointPolicy::PreferRecompute;
     }
     return rule_->decide(ctx, op, args);
   }
 
-  const OpDomain& domain() const { return *domain_; }
+  const Domain& domain() const { return *domain_; }
   const Rule& rule() const { return *rule_; }
 
-  // Asks the dispatch layer to intercept every op in the domain.
+  // Asks the dispatch floor to intercept every op in the domain.
   void prepare_interception() const;
 
   std::string describe() const { return rule_->describe(); }
 
  private:
+  // Whether `op` is sac::tag's operator (Note [The tag operator]).
+  static bool is_tag_op(const c10::OperatorHandle& op);
+
   std::shared_ptr<const Rule> rule_;
-  std::shared_ptr<const OpDomain> domain_;
+  std::shared_ptr<const Domain> domain_;
 };
 
 }  // namespace sac

@@ -3,6 +3,7 @@
 #include <sac/dispatch/internal/boxed.h>
 #include <sac/policy/combinators.h>
 #include <sac/policy/internal/op_traits.h>
+#include <sac/policy/internal/answers.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
@@ -33,14 +34,15 @@ std::vector<c10::OperatorHandle> registered(const std::vector<std::string>& name
 // The same answer for every cacheable op.
 class EveryOpRule final : public Policy::Rule {
  public:
-  EveryOpRule(std::string name, CheckpointPolicy answer) : name_(std::move(name)), answer_(answer) {}
+  EveryOpRule(std::string name, CheckpointPolicy answer)
+      : name_(std::move(name)), answer_(answer) {}
   CheckpointPolicy decide(const SelectiveCheckpointContext&, const c10::OperatorHandle&,
                           c10::ArrayRef<c10::IValue>) const override {
     return answer_;
   }
-  OpDomain domain() const override {
+  Policy::Domain domain() const override {
     // Recomputing everything needs to see nothing.
-    return is_kept(answer_) ? OpDomain::every_cacheable() : OpDomain();
+    return is_kept(answer_) ? Policy::Domain::every_cacheable() : Policy::Domain();
   }
   std::string describe() const override { return name_; }
 
@@ -62,7 +64,7 @@ class LargerThanRule final : public Policy::Rule {
     }
     return total > bytes_ ? CheckpointPolicy::PreferSave : CheckpointPolicy::PreferRecompute;
   }
-  OpDomain domain() const override { return OpDomain::every_cacheable(); }
+  Policy::Domain domain() const override { return Policy::Domain::every_cacheable(); }
   std::string describe() const override {
     return "outputs_larger_than(" + std::to_string(bytes_) + ")";
   }
@@ -105,7 +107,8 @@ const std::vector<std::string>& no_batch_dot_names() {
 }  // namespace
 
 Policy nothing_saveable() {
-  return Policy(std::make_shared<EveryOpRule>("nothing_saveable", CheckpointPolicy::PreferRecompute));
+  return Policy(
+      std::make_shared<EveryOpRule>("nothing_saveable", CheckpointPolicy::PreferRecompute));
 }
 
 Policy everything_saveable() {
@@ -175,10 +178,10 @@ class ShapeDecidingRule final : public Policy::Rule {
                ? CheckpointPolicy::MustSave
                : CheckpointPolicy::PreferRecompute;
   }
-  OpDomain domain() const override {
+  Policy::Domain domain() const override {
     std::vector<c10::OperatorHandle> ops = ops_;
     ops.push_back(to_copy_);
-    return OpDomain::listed(std::move(ops));
+    return Policy::Domain::listed(std::move(ops));
   }
   std::string describe() const override { return "shape_deciding_ops"; }
 
@@ -210,9 +213,9 @@ const std::vector<std::string>& shape_deciding_op_names() {
       "aten::nanmedian.dim", "aten::searchsorted.Tensor", "aten::bucketize.Tensor",
       "aten::multinomial",
       // How many: output sizes read from values.
-      "aten::nonzero", "aten::masked_select", "aten::_unique", "aten::_unique2",
-      "aten::unique_dim", "aten::unique_consecutive", "aten::unique_dim_consecutive",
-      "aten::repeat_interleave.Tensor", "aten::bincount",
+      "aten::nonzero", "aten::masked_select", "aten::_unique", "aten::_unique2", "aten::unique_dim",
+      "aten::unique_consecutive", "aten::unique_dim_consecutive", "aten::repeat_interleave.Tensor",
+      "aten::bincount",
       // Which branch: values read on the host.
       "aten::_local_scalar_dense", "aten::equal", "aten::any", "aten::all"};
   return names;

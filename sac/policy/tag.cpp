@@ -1,4 +1,5 @@
 #include <sac/policy/tag.h>
+#include <sac/policy/internal/tag_op.h>
 
 #include <ATen/core/op_registration/op_registration.h>
 #include <c10/core/DispatchKeySet.h>
@@ -18,8 +19,7 @@ at::Tensor tag_value(const at::Tensor& self, c10::string_view) { return self; }
 // itself. It still goes down once, with the autograd keys masked out, so that
 // sac's interception (below autograd, on ADInplaceOrView or the fallback
 // key) sees the call and its name.
-at::Tensor tag_autograd(c10::DispatchKeySet ks, const at::Tensor& self,
-                        c10::string_view name) {
+at::Tensor tag_autograd(c10::DispatchKeySet ks, const at::Tensor& self, c10::string_view name) {
   static const auto op = tag_op().typed<TagSignature>();
   op.redispatch(ks & c10::after_autograd_keyset, self, name);
   return self;
@@ -40,10 +40,11 @@ const c10::OperatorHandle& tag_op() {
 }
 
 at::Tensor tag(const at::Tensor& t, std::string_view name) {
-  TORCH_CHECK(t.defined(), "sac::tag(\"", name, "\") got an undefined tensor; "
+  TORCH_CHECK(t.defined(), "sac::tag(\"", name,
+              "\") got an undefined tensor; "
               "tag the tensor an op returned.");
   TORCH_CHECK(!name.empty(), "sac::tag got an empty name; give the value a name "
-              "that a name policy (sac/policy/names.h) can refer to.");
+                             "that a name policy (sac/policy/names.h) can refer to.");
   static const auto op = tag_op().typed<TagSignature>();
   return op.call(t, c10::string_view(name.data(), name.size()));
 }

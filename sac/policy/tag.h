@@ -11,9 +11,6 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/core/ivalue.h>
-#include <c10/util/ArrayRef.h>
 
 #include <string_view>
 
@@ -22,15 +19,5 @@ namespace sac {
 // Names `t` `name` for the policy of the selective region it runs in and
 // returns `t`. `t` must be defined and `name` not empty.
 at::Tensor tag(const at::Tensor& t, std::string_view name);
-
-// The operator sac::tag calls.
-const c10::OperatorHandle& tag_op();
-
-inline bool is_tag(const c10::OperatorHandle& op) { return op == tag_op(); }
-
-// The name a sac::tag call was given, from its boxed arguments.
-inline const std::string& tag_name(c10::ArrayRef<c10::IValue> args) {
-  return args[1].toStringRef();
-}
 
 }  // namespace sac

@@ -26,8 +26,7 @@ struct NamedGroup {
 
 // The group a collective runs on: its ProcessGroup argument (c10d:: ops), or
 // the group its group_name names (functional collectives).
-std::optional<NamedGroup> group_of(const c10::OperatorHandle& op,
-                                   c10::ArrayRef<c10::IValue> args) {
+std::optional<NamedGroup> group_of(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   const auto& arguments = op.schema().arguments();
   for (size_t i = 0; i < args.size(); ++i) {
     const c10::IValue& arg = args[i];
@@ -82,7 +81,8 @@ uint64_t fnv1a(uint64_t hash, const std::string& text) {
 void Communication::note(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   std::optional<NamedGroup> group = group_of(op, args);
   TORCH_CHECK(group.has_value(), "sac::CheckpointRegion: the region calls the collective ",
-              op.operator_name(), ", which names no process group (no ProcessGroup or "
+              op.operator_name(),
+              ", which names no process group (no ProcessGroup or "
               "group_name argument): its replay could not agree with the other ranks before "
               "communicating again. Run it outside the region, or checkpoint this code with "
               "sac::checkpoint.");
@@ -93,8 +93,8 @@ void Communication::note(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValu
       break;
     }
   }
-  const std::string call = c10::str(op.operator_name(), "(",
-                                    policy::collective_signature(args), ")");
+  const std::string call =
+      c10::str(op.operator_name(), "(", policy::collective_signature(args), ")");
   const int64_t index = next_index(group->group.get());
   if (entry == nullptr) {
     Group added;
@@ -144,9 +144,11 @@ void Communication::agree() const {
     SAC_CHECKPOINT_CHECK(
         false, "sac::CheckpointRegion: the ranks of process group '", entry.name,
         "' are about to replay different regions. A region's replay issues its forward's "
-        "collectives again; this rank (", group->getRank(), " in the group) is about to "
-        "replay the region that issued the group's ", span(entry.first, entry.calls),
-        " (the first: ", entry.first_call,
+        "collectives again; this rank (",
+        group->getRank(),
+        " in the group) is about to "
+        "replay the region that issued the group's ",
+        span(entry.first, entry.calls), " (the first: ", entry.first_call,
         "), and the ranks are replaying:", ranks_say.str(),
         "\nsac stops every rank here instead of pairing collectives that do not match (a hang, "
         "or parameters exchanged with the wrong layer's). A rank's backward replays regions in "

@@ -17,10 +17,9 @@ namespace {
 // In-place ops whose result does not depend on what `self` held.
 bool overwrites_self(const c10::OperatorHandle& op) {
   static const std::unordered_set<std::string> names{
-      "aten::copy_",     "aten::fill_",        "aten::zero_",
-      "aten::normal_",   "aten::uniform_",     "aten::random_",
-      "aten::bernoulli_", "aten::exponential_", "aten::geometric_",
-      "aten::cauchy_",   "aten::log_normal_"};
+      "aten::copy_",      "aten::fill_",   "aten::zero_",      "aten::normal_",
+      "aten::uniform_",   "aten::random_", "aten::bernoulli_", "aten::exponential_",
+      "aten::geometric_", "aten::cauchy_", "aten::log_normal_"};
   return names.count(op.operator_name().name) != 0;
 }
 
@@ -62,12 +61,10 @@ bool reads_argument(const c10::OperatorHandle& op, size_t index) {
   if (alias == nullptr) {
     return true;
   }
-  return alias->isWrite() && !argument.is_out() &&
-         !(index == 0 && overwrites_self(op));
+  return alias->isWrite() && !argument.is_out() && !(index == 0 && overwrites_self(op));
 }
 
-bool writes_argument(const c10::OperatorHandle& op, size_t index,
-                     c10::ArrayRef<c10::IValue> args) {
+bool writes_argument(const c10::OperatorHandle& op, size_t index, c10::ArrayRef<c10::IValue> args) {
   const UndeclaredWrite undeclared = undeclared_write(op, index);
   return undeclared == UndeclaredWrite::NotThisOp ? dispatch::writes_argument(op, index, args)
                                                   : undeclared != UndeclaredWrite::None;
@@ -158,8 +155,7 @@ bool owns_memory(const at::Tensor& t) { return t.storage().allocator() != nullpt
 
 // Whether `t` is all of its storage, laid out as a copy would lay it out.
 bool spans_storage(const at::Tensor& t) {
-  return t.storage_offset() == 0 && t.is_contiguous() &&
-         t.nbytes() == t.storage().nbytes();
+  return t.storage_offset() == 0 && t.is_contiguous() && t.nbytes() == t.storage().nbytes();
 }
 
 // All of `t`'s storage as one tensor of its dtype (`t` itself when it spans
@@ -191,8 +187,7 @@ bool differs_from(const c10::Storage& storage, const at::Tensor& bytes) {
 
 }  // namespace
 
-Recorder::Recorder(Recording& recording,
-                   const dispatch::OpInterceptor* region_interceptor,
+Recorder::Recorder(Recording& recording, const dispatch::OpInterceptor* region_interceptor,
                    SaveOutside save_outside)
     : recording_(recording),
       region_interceptor_(region_interceptor),
@@ -214,8 +209,7 @@ void Recorder::finish() {
   save_outside_ = nullptr;
 }
 
-void Recorder::before_op(const dispatch::ObservedOp& call,
-                         c10::ArrayRef<c10::IValue> args) {
+void Recorder::before_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> args) {
   pending_.reset();
   pending_host_writes_.clear();
   const c10::OperatorHandle& op = call.op;
@@ -240,8 +234,7 @@ void Recorder::before_op(const dispatch::ObservedOp& call,
     if (writes_argument(op, i, args)) {
       writes_any = true;
       const bool whole = !reads_argument(op, i);
-      dispatch::for_each_tensor(args[i],
-                                [&](const at::Tensor& t) { before_write(t, whole); });
+      dispatch::for_each_tensor(args[i], [&](const at::Tensor& t) { before_write(t, whole); });
     }
   }
   Call recorded(op);
@@ -255,8 +248,7 @@ void Recorder::before_op(const dispatch::ObservedOp& call,
   pending_ = std::move(recorded);
 }
 
-void Recorder::after_op(const dispatch::ObservedOp& call,
-                        c10::ArrayRef<c10::IValue> outputs) {
+void Recorder::after_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> outputs) {
   if (!pending_.has_value() || pending_->op != call.op) {
     pending_.reset();
     return;
@@ -282,8 +274,7 @@ void Recorder::after_op(const dispatch::ObservedOp& call,
     });
   }
   recorded.replayed = recorded.replayed || recorded.outputs > 0;
-  recording_.steps.push_back(
-      {Step::Kind::Call, static_cast<uint32_t>(recording_.calls.size())});
+  recording_.steps.push_back({Step::Kind::Call, static_cast<uint32_t>(recording_.calls.size())});
   recording_.calls.push_back(std::move(recorded));
 }
 
@@ -301,9 +292,8 @@ Argument Recorder::record_argument(const c10::OperatorHandle& op, size_t index,
     recorded.constant = c10::IValue(detail::locked_clone(arg.toGenerator()));
     return recorded;
   }
-  TORCH_CHECK(!arg.isStorage(), "sac::CheckpointRegion: cannot record ",
-              op.operator_name(), ": its argument '",
-              op.schema().arguments()[index].name(),
+  TORCH_CHECK(!arg.isStorage(), "sac::CheckpointRegion: cannot record ", op.operator_name(),
+              ": its argument '", op.schema().arguments()[index].name(),
               "' is a Storage, which the recording cannot follow from one op "
               "to the next. Keep this op outside the region, or checkpoint "
               "this code with sac::checkpoint.");
@@ -313,9 +303,8 @@ Argument Recorder::record_argument(const c10::OperatorHandle& op, size_t index,
     const bool optional_elements = !arg.isTensorList();
     for (size_t i = 0; i < list.size(); ++i) {
       const c10::IValue element = list.get(i);
-      TORCH_CHECK(element.isTensor() || element.isNone(),
-                  "sac::CheckpointRegion: cannot record ", op.operator_name(),
-                  ": its argument '", op.schema().arguments()[index].name(),
+      TORCH_CHECK(element.isTensor() || element.isNone(), "sac::CheckpointRegion: cannot record ",
+                  op.operator_name(), ": its argument '", op.schema().arguments()[index].name(),
                   "' nests tensors deeper than a list of tensors.");
       if (element.isTensor() && element.toTensor().defined()) {
         recorded.tensors.push_back(resolve(element.toTensor()));
@@ -327,9 +316,8 @@ Argument Recorder::record_argument(const c10::OperatorHandle& op, size_t index,
     recorded.constant = c10::IValue(std::move(list));
     return recorded;
   }
-  TORCH_CHECK(!holds_tensor(arg), "sac::CheckpointRegion: cannot record ",
-              op.operator_name(), ": its argument '",
-              op.schema().arguments()[index].name(),
+  TORCH_CHECK(!holds_tensor(arg), "sac::CheckpointRegion: cannot record ", op.operator_name(),
+              ": its argument '", op.schema().arguments()[index].name(),
               "' holds tensors in a container other than a list.");
   recorded.constant = arg;
   return recorded;
@@ -343,8 +331,7 @@ ValueId Recorder::resolve(const at::Tensor& t) {
   // A tensor no op returned, on memory a value lies on: an alias made
   // without an op. It is as_strided of the last value made there.
   StorageState* state = storage_of(t);
-  if (state != nullptr && state->latest.has_value() &&
-      state->latest_dtype == t.dtype()) {
+  if (state != nullptr && state->latest.has_value() && state->latest_dtype == t.dtype()) {
     if (!state->outside.empty()) {
       // On outside memory: read as it is now.
       watch_read(t, state->outside.back());
@@ -355,10 +342,8 @@ ValueId Recorder::resolve(const at::Tensor& t) {
 }
 
 ValueId Recorder::add_alias(const at::Tensor& t, ValueId base) {
-  Alias alias{recording_.new_value(), base, t.sizes().vec(), t.strides().vec(),
-              t.storage_offset()};
-  recording_.steps.push_back(
-      {Step::Kind::Alias, static_cast<uint32_t>(recording_.aliases.size())});
+  Alias alias{recording_.new_value(), base, t.sizes().vec(), t.strides().vec(), t.storage_offset()};
+  recording_.steps.push_back({Step::Kind::Alias, static_cast<uint32_t>(recording_.aliases.size())});
   recording_.aliases.push_back(std::move(alias));
   const ValueId value = recording_.aliases.back().value;
   remember(t, value);
@@ -461,8 +446,7 @@ void Recorder::before_write(const at::Tensor& t, bool whole) {
     resolve(t);
     return;
   }
-  if (known_.count(t.unsafeGetTensorImpl()) == 0 && storage_of(t) == nullptr &&
-      owns_memory(t)) {
+  if (known_.count(t.unsafeGetTensorImpl()) == 0 && storage_of(t) == nullptr && owns_memory(t)) {
     if (!(whole && spans_storage(t))) {
       // Outside memory seen first by a write: copied before it is named, so
       // that it is not saved as well.

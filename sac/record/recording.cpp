@@ -55,9 +55,7 @@ std::string Recording::str() const {
         out << "%" << a.value << " = alias of %" << a.base;
         break;
       }
-      case Step::Kind::Mark:
-        out << "mark %" << step.index;
-        break;
+      case Step::Kind::Mark: out << "mark %" << step.index; break;
     }
     out << "\n";
   }

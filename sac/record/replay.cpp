@@ -10,7 +10,6 @@
 #include <ATen/ops/empty_strided.h>
 #include <c10/util/Exception.h>
 
-
 namespace sac::record {
 namespace {
 
@@ -34,17 +33,10 @@ void for_each_read(const Recording& recording, const Step& step, F&& f) {
       }
       return;
     }
-    case Step::Kind::Alias:
-      f(recording.aliases[step.index].base);
-      return;
-    case Step::Kind::Fill:
-      f(recording.fills[step.index].value);
-      return;
-    case Step::Kind::Mark:
-      f(static_cast<ValueId>(step.index));
-      return;
-    case Step::Kind::Outside:
-      return;
+    case Step::Kind::Alias: f(recording.aliases[step.index].base); return;
+    case Step::Kind::Fill: f(recording.fills[step.index].value); return;
+    case Step::Kind::Mark: f(static_cast<ValueId>(step.index)); return;
+    case Step::Kind::Outside: return;
   }
 }
 
@@ -84,8 +76,7 @@ class Lifetimes {
   }
 
   c10::ArrayRef<ValueId> after(size_t step) const {
-    return c10::ArrayRef<ValueId>(dying_).slice(first_[step],
-                                                first_[step + 1] - first_[step]);
+    return c10::ArrayRef<ValueId>(dying_).slice(first_[step], first_[step + 1] - first_[step]);
   }
 
   template <class F>
@@ -98,27 +89,21 @@ class Lifetimes {
         }
         return;
       }
-      case Step::Kind::Outside:
-        f(recording.outside[step.index].value);
-        return;
-      case Step::Kind::Alias:
-        f(recording.aliases[step.index].value);
-        return;
+      case Step::Kind::Outside: f(recording.outside[step.index].value); return;
+      case Step::Kind::Alias: f(recording.aliases[step.index].value); return;
       case Step::Kind::Fill:
-      case Step::Kind::Mark:
-        return;
+      case Step::Kind::Mark: return;
     }
   }
 
  private:
-  std::vector<size_t> first_;    // per step: start of its slice of dying_
+  std::vector<size_t> first_;  // per step: start of its slice of dying_
   std::vector<ValueId> dying_;
 };
 
 class Replay {
  public:
-  Replay(const Recording& recording, std::vector<at::Tensor> outside,
-         const MarkSink& on_mark)
+  Replay(const Recording& recording, std::vector<at::Tensor> outside, const MarkSink& on_mark)
       : recording_(recording),
         outside_(std::move(outside)),
         on_mark_(on_mark),
@@ -143,12 +128,8 @@ class Replay {
  private:
   void run_step(const Step& step) {
     switch (step.kind) {
-      case Step::Kind::Call:
-        run_call(recording_.calls[step.index]);
-        return;
-      case Step::Kind::Outside:
-        load_outside(step.index);
-        return;
+      case Step::Kind::Call: run_call(recording_.calls[step.index]); return;
+      case Step::Kind::Outside: load_outside(step.index); return;
       case Step::Kind::Fill: {
         const Fill& fill = recording_.fills[step.index];
         dispatch::IsolationGuard unseen;
@@ -158,13 +139,11 @@ class Replay {
       case Step::Kind::Alias: {
         const Alias& alias = recording_.aliases[step.index];
         dispatch::IsolationGuard unseen;
-        values_[alias.value] = value(alias.base).as_strided(
-            alias.sizes, alias.strides, alias.storage_offset);
+        values_[alias.value] =
+            value(alias.base).as_strided(alias.sizes, alias.strides, alias.storage_offset);
         return;
       }
-      case Step::Kind::Mark:
-        on_mark_(mark_++, value(step.index));
-        return;
+      case Step::Kind::Mark: on_mark_(mark_++, value(step.index)); return;
     }
   }
 
@@ -185,24 +164,22 @@ class Replay {
     for (const auto& output : stack_) {
       dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
         SAC_CHECKPOINT_CHECK(next < end, "sac::CheckpointRegion: replaying ",
-                    call.op.operator_name(), " returned more tensors (",
-                    next - call.first_output + 1, "+) than in the forward (",
-                    call.outputs, ").");
+                             call.op.operator_name(), " returned more tensors (",
+                             next - call.first_output + 1, "+) than in the forward (", call.outputs,
+                             ").");
         values_[next++] = t;
       });
     }
-    SAC_CHECKPOINT_CHECK(next == end, "sac::CheckpointRegion: replaying ",
-                call.op.operator_name(), " returned ", next - call.first_output,
-                " tensors, ", call.outputs, " in the forward.");
+    SAC_CHECKPOINT_CHECK(next == end, "sac::CheckpointRegion: replaying ", call.op.operator_name(),
+                         " returned ", next - call.first_output, " tensors, ", call.outputs,
+                         " in the forward.");
     stack_.clear();
   }
 
   c10::IValue argument_value(const Argument& argument) {
     switch (argument.kind) {
-      case Argument::Kind::Constant:
-        return argument.constant;
-      case Argument::Kind::Tensor:
-        return value(*argument.tensors[0]);
+      case Argument::Kind::Constant: return argument.constant;
+      case Argument::Kind::Tensor: return value(*argument.tensors[0]);
       case Argument::Kind::List: {
         c10::List<c10::IValue> list = argument.constant.toList().copy();
         for (size_t i = 0; i < argument.tensors.size(); ++i) {
@@ -225,8 +202,7 @@ class Replay {
     const Outside& outside = recording_.outside[index];
     if (outside.fresh) {
       dispatch::IsolationGuard unseen;
-      values_[outside.value] =
-          at::empty_strided(outside.sizes, outside.strides, outside.options);
+      values_[outside.value] = at::empty_strided(outside.sizes, outside.strides, outside.options);
       return;
     }
     if (!outside.snapshot.has_value()) {
@@ -240,9 +216,9 @@ class Replay {
     if (!copy.defined()) {
       copy = recording_.snapshots[*outside.snapshot].clone();
     }
-    values_[outside.value] = at::empty({0}, outside.options)
-                                 .set_(copy.storage(), outside.storage_offset,
-                                       outside.sizes, outside.strides);
+    values_[outside.value] =
+        at::empty({0}, outside.options)
+            .set_(copy.storage(), outside.storage_offset, outside.sizes, outside.strides);
   }
 
   const at::Tensor& value(ValueId v) const {
@@ -262,8 +238,7 @@ class Replay {
 
 }  // namespace
 
-void replay(const Recording& recording, std::vector<at::Tensor> outside,
-            const MarkSink& on_mark) {
+void replay(const Recording& recording, std::vector<at::Tensor> outside, const MarkSink& on_mark) {
   Replay(recording, std::move(outside), on_mark).run();
 }
 

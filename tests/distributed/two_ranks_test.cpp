@@ -12,6 +12,7 @@
 #include "support.h"
 
 #include <sac/sac.h>
+#include <sac/policy/presets.h>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -28,8 +29,8 @@ namespace dist = sac_examples::dist;
 using sac_test::error_of;
 using sac_test::expect_bit_identical;
 
-constexpr int64_t kWidth = 16;     // divisible by the world size
-constexpr int64_t kRows = 4;       // rows of input per rank
+constexpr int64_t kWidth = 16;  // divisible by the world size
+constexpr int64_t kRows = 4;    // rows of input per rank
 constexpr int64_t kLayers = 2;
 constexpr auto kTimeout = std::chrono::seconds(60);
 
@@ -73,7 +74,8 @@ at::Tensor layer(const at::Tensor& x, const at::Tensor& w, SumOverRanks sum_over
 
 at::Tensor sharded_layer(const at::Tensor& x, const at::Tensor& shard) {
   const at::Tensor w = dist::AllGather::apply(shard, &fwd(), &bwd()).view({kWidth, kWidth});
-  return layer(x, w, [](const at::Tensor& h) { return dist::SumOverRanks::apply(h, &fwd(), &bwd()); });
+  return layer(x, w,
+               [](const at::Tensor& h) { return dist::SumOverRanks::apply(h, &fwd(), &bwd()); });
 }
 
 // How each layer runs: plainly, under sac::checkpoint with `options`.
@@ -99,8 +101,8 @@ bool regions_available() {
 
 struct Step {
   std::vector<at::Tensor> shard_grads;
-  int64_t forward_collectives;    // issued through "fwd" during the forward
-  int64_t backward_collectives;   // issued through "fwd" during backward
+  int64_t forward_collectives;   // issued through "fwd" during the forward
+  int64_t backward_collectives;  // issued through "fwd" during backward
 };
 
 Step sharded_step(const Runner& run) {
@@ -141,7 +143,7 @@ TEST_P(Policies, IssueWhatThePolicyRecomputesAndMatchTheUncheckpointedGradients)
   auto stats = std::make_shared<sac::RegionStatistics>();
   const Step step = sharded_step(
       checkpointed(sac::CheckpointOptions().policy(GetParam().policy()).statistics(stats)));
-  const sac::RegionCounts counts = stats->read();
+  const sac::RegionStatistics::Counts counts = stats->read();
   // Counted by the process group, and by sac.
   EXPECT_EQ(step.forward_collectives, 2 * kLayers);
   EXPECT_EQ(static_cast<int64_t>(counts.collectives_issued), 2 * kLayers);
@@ -155,7 +157,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         PolicyCase{"never_recompute_collectives", sac::never_recompute_collectives, false},
         PolicyCase{"dots_and_collectives",
-                   [] { return sac::any_of({sac::dots_saveable(), sac::never_recompute_collectives()}); },
+                   [] {
+                     return sac::any_of({sac::dots_saveable(), sac::never_recompute_collectives()});
+                   },
                    false},
         PolicyCase{"everything_saveable", sac::everything_saveable, false},
         // torchtitan keeps reduce_scatter and all_to_all, not all_gather or
@@ -218,9 +222,8 @@ TEST(TwoRanks, GradientsMatchOneProcessWithinRounding) {
   // order than the ranks' all-reduces and reduce-scatter do. float32 sums of
   // a few terms of this size differ in the last bits only.
   const auto expected = single_process_shard_grads();
-  const Step step = sharded_step(checkpointed(
-      sac::CheckpointOptions().policy(sac::any_of({sac::dots_saveable(),
-                                                    sac::never_recompute_collectives()}))));
+  const Step step = sharded_step(checkpointed(sac::CheckpointOptions().policy(
+      sac::any_of({sac::dots_saveable(), sac::never_recompute_collectives()}))));
   for (size_t i = 0; i < expected.size(); ++i) {
     EXPECT_TRUE(torch::allclose(step.shard_grads[i], expected[i], /*rtol=*/1e-5, /*atol=*/1e-6))
         << "layer " << i << ": max difference "
@@ -274,9 +277,9 @@ TEST(TwoRanks, ARecomputationThatWouldIssueAnotherCollectiveFailsBeforeIssuingIt
     return sharded_layer(h, shard);
   };
   const auto shard = shard_of(full_weights()[0], rank()).requires_grad_();
-  const at::Tensor y = sac::checkpoint(
-      sac::CheckpointOptions().policy(sac::never_recompute_collectives()), region,
-      input_of(rank()), shard);
+  const at::Tensor y =
+      sac::checkpoint(sac::CheckpointOptions().policy(sac::never_recompute_collectives()), region,
+                      input_of(rank()), shard);
   extra = true;
   const int64_t before = fwd().issued();
   const std::string message = error_of([&] { y.sum().backward(); });
@@ -301,8 +304,8 @@ TEST(TwoRanks, ARecomputedCollectiveOfAnotherShapeFailsBeforeIssuingIt) {
     return dist::SumOverRanks::apply(part, &fwd(), &bwd()).sum() * x;
   };
   const at::Tensor x = input_of(rank()).requires_grad_();
-  const at::Tensor y = sac::checkpoint(
-      sac::CheckpointOptions().policy(sac::nothing_saveable()), region, x);
+  const at::Tensor y =
+      sac::checkpoint(sac::CheckpointOptions().policy(sac::nothing_saveable()), region, x);
   rows = kRows - 1;
   const int64_t before = fwd().issued();
   const std::string message = error_of([&] { y.sum().backward(); });
@@ -355,7 +358,8 @@ TEST(TwoRanks, ARankReplayingAnotherRegionFailsOnEveryRank) {
                          "regions"),
             std::string::npos)
       << message;
-  EXPECT_NE(message.find("rank 1 of the group: the group's collectives"), std::string::npos) << message;
+  EXPECT_NE(message.find("rank 1 of the group: the group's collectives"), std::string::npos)
+      << message;
   EXPECT_EQ(fwd().issued(), before + 1);  // the agreement, nothing replayed
 
   at::Tensor one;
@@ -376,8 +380,8 @@ TEST(TwoRanks, AsyncCollectivesWaitedInsideTheRegion) {
     at::Tensor pending;
     {
       torch::NoGradGuard no_grad;  // a constant: the ranks' row counts
-      pending = dist::all_reduce(torch::full({1}, static_cast<double>(x.size(0))), "sum",
-                                 fwd().name);
+      pending =
+          dist::all_reduce(torch::full({1}, static_cast<double>(x.size(0))), "sum", fwd().name);
     }
     const at::Tensor h = torch::sigmoid(x) * 3;
     return h * dist::wait_tensor(pending);
@@ -385,8 +389,8 @@ TEST(TwoRanks, AsyncCollectivesWaitedInsideTheRegion) {
   const auto run = [&](std::optional<sac::Policy> policy) {
     const at::Tensor x = input_of(rank()).requires_grad_();
     const int64_t before = fwd().issued();
-    const at::Tensor y = policy ? sac::checkpoint(sac::CheckpointOptions().policy(*policy), region, x)
-                                : region(x);
+    const at::Tensor y =
+        policy ? sac::checkpoint(sac::CheckpointOptions().policy(*policy), region, x) : region(x);
     const int64_t forward = fwd().issued() - before;
     y.sum().backward();
     return std::make_tuple(x.grad(), forward, fwd().issued() - before - forward);

@@ -34,6 +34,7 @@
 // a crash that needs earlier cases (process state) is reproduced.
 
 #include <sac/sac.h>
+#include <sac/policy/presets.h>
 #include <torch/library.h>
 #include <torch/torch.h>
 
@@ -97,11 +98,14 @@ class HostCopies final : public sac::CopyTarget {
  public:
   bool accepts(const at::Tensor&) const override { return true; }
   at::Tensor copy_out(const at::Tensor& t) override {
-    return sac::without_broadcast(t).clone(at::MemoryFormat::Contiguous).expand(t.sizes());
+    return sac::CopyTarget::without_broadcast(t)
+        .clone(at::MemoryFormat::Contiguous)
+        .expand(t.sizes());
   }
-  at::Tensor copy_back(const at::Tensor& copy, const sac::CopiedFrom& from) override {
-    const at::Tensor source = sac::without_broadcast(copy);
-    at::Tensor back = at::empty_strided(source.sizes(), from.strides, source.options().device(from.device));
+  at::Tensor copy_back(const at::Tensor& copy, const sac::CopyTarget::Origin& from) override {
+    const at::Tensor source = sac::CopyTarget::without_broadcast(copy);
+    at::Tensor back =
+        at::empty_strided(source.sizes(), from.strides, source.options().device(from.device));
     return back.copy_(source).expand(copy.sizes());
   }
 };
@@ -227,10 +231,12 @@ const AllowedError kAllowedErrors[] = {
     // wording is the one asked for; the second the one sac now uses.
     {"was modified in place after the checkpointed function read it", "outside-modified",
      &modifies_region_read_later},
-    {"was modified in place after the forward read it", "outside-modified", &modifies_region_read_later},
+    {"was modified in place after the forward read it", "outside-modified",
+     &modifies_region_read_later},
     // The same for a sac::CheckpointRegion guard, whose outside tensors are
     // its region's inputs and captured leaves alike.
-    {"was modified in place after the region read it", "outside-modified", &modifies_region_read_later},
+    {"was modified in place after the region read it", "outside-modified",
+     &modifies_region_read_later},
     // A drift step (an op with its own state) recomputed: the value check,
     // on in every region around one, names the saved tensor that differs.
     {"gave a different value than its forward", "value-differs", &drifts_in_region},
@@ -349,25 +355,65 @@ std::string first_lines(const std::string& text, size_t max_lines) {
 
 enum class Op {
   // elementwise
-  Add, Sub, Mul, DivConst, Sin, Exp, Tanh, Sigmoid, Relu, Gelu, Pow2,
+  Add,
+  Sub,
+  Mul,
+  DivConst,
+  Sin,
+  Exp,
+  Tanh,
+  Sigmoid,
+  Relu,
+  Gelu,
+  Pow2,
   // reductions
-  SumDim, MeanAll, MaxDim, Softmax, LogSoftmax, LayerNormF,
+  SumDim,
+  MeanAll,
+  MaxDim,
+  Softmax,
+  LogSoftmax,
+  LayerNormF,
   // matmuls
-  Mm, MmT, Matmul3, Bmm, Addmm,
+  Mm,
+  MmT,
+  Matmul3,
+  Bmm,
+  Addmm,
   // views
-  View, Reshape, TransposeMix, Narrow, SelectUnsqueeze, Expand,
+  View,
+  Reshape,
+  TransposeMix,
+  Narrow,
+  SelectUnsqueeze,
+  Expand,
   // in-place
-  FreshInplace, PoolInplace,
+  FreshInplace,
+  PoolInplace,
   // multi-output, random, index, cast
-  Sort, Dropout, RandLikeMul, Argmax, IndexSelect, GatherFixed, GatherIdx,
+  Sort,
+  Dropout,
+  RandLikeMul,
+  Argmax,
+  IndexSelect,
+  GatherFixed,
+  GatherIdx,
   Cast64,
   // attention, modules, non-tensor values, inner backward, buffer
-  Sdpa, LinearModule, LayerNormModule, BatchNormModule, ItemScale, InnerGrad, BufferMutate, BufferOverwrite,
+  Sdpa,
+  LinearModule,
+  LayerNormModule,
+  BatchNormModule,
+  ItemScale,
+  InnerGrad,
+  BufferMutate,
+  BufferOverwrite,
   // a custom autograd Function whose backward differentiates a checkpointed
   // graph it built in its forward
   FunctionGrad,
   // data from the host, views of one memory read together
-  HostConst, HostIndex, OverlapMul,
+  HostConst,
+  HostIndex,
+  OverlapMul,
   // an op with state of its own
   Drift,
 };
@@ -395,11 +441,13 @@ std::pair<const char*, const char*> op_name(Op op) {
     case Op::Mm: return {"mm", ""};
     case Op::MmT: return {"mm_abt_c", "(a.mm(b.t()) / R).mm(c)"};
     case Op::Matmul3: return {"matmul", ""};
-    case Op::Bmm: return {"bmm_attention", "bmm(softmax(bmm(a, b.transpose(1,2)) / sqrt(W), -1), c)"};
+    case Op::Bmm:
+      return {"bmm_attention", "bmm(softmax(bmm(a, b.transpose(1,2)) / sqrt(W), -1), c)"};
     case Op::Addmm: return {"addmm", ""};
     case Op::View: return {"view", ""};
     case Op::Reshape: return {"reshape", ""};
-    case Op::TransposeMix: return {"transpose_copy", "a.transpose(0,1).clone(contiguous).transpose(0,1)"};
+    case Op::TransposeMix:
+      return {"transpose_copy", "a.transpose(0,1).clone(contiguous).transpose(0,1)"};
     case Op::Narrow: return {"narrow", "a.narrow(-1, start, length)"};
     case Op::SelectUnsqueeze: return {"select_unsqueeze", "a.select(0, index).unsqueeze(0)"};
     case Op::Expand: return {"expand", ""};
@@ -413,10 +461,12 @@ std::pair<const char*, const char*> op_name(Op op) {
     case Op::GatherFixed: return {"gather_fixed", "gather(a, -1, index made at generation)"};
     case Op::GatherIdx: return {"gather", "gather(a, -1, b)"};
     case Op::Cast64: return {"cast64", ""};
-    case Op::Sdpa: return {"sdpa", "q, k, v = a.matmul(b).split(W, -1); scaled_dot_product_attention"};
+    case Op::Sdpa:
+      return {"sdpa", "q, k, v = a.matmul(b).split(W, -1); scaled_dot_product_attention"};
     case Op::LinearModule: return {"Linear", ""};
     case Op::LayerNormModule: return {"LayerNorm", ""};
-    case Op::BatchNormModule: return {"BatchNorm", "BatchNorm1d in training: running statistics updated"};
+    case Op::BatchNormModule:
+      return {"BatchNorm", "BatchNorm1d in training: running statistics updated"};
     case Op::FunctionGrad:
       return {"function_grad",
               "Function(a, b): forward under grad on detached a, b: y = checkpoint(outer, "
@@ -424,12 +474,15 @@ std::pair<const char*, const char*> op_name(Op op) {
               "backward: autograd::grad(y, {a, b}, g). ints: outer values check, inner saves "
               "mm/bmm, saved by save_for_backward, f checkpointed twice deep"};
     case Op::ItemScale: return {"item_scale", "a * tanh(b.mean().item<double>())"};
-    case Op::InnerGrad: return {"inner_grad", "autograd::grad(sum(sin(a) * b), a, create_graph=true)"};
+    case Op::InnerGrad:
+      return {"inner_grad", "autograd::grad(sum(sin(a) * b), a, create_graph=true)"};
     case Op::BufferMutate: return {"buffer_inplace", ""};
-    case Op::BufferOverwrite: return {"buffer_overwrite", "buf written whole (copy_ of a constant), then a * buf.mean()"};
+    case Op::BufferOverwrite:
+      return {"buffer_overwrite", "buf written whole (copy_ of a constant), then a * buf.mean()"};
     case Op::HostConst: return {"host_const", "a * c, c made from host data in the step"};
     case Op::Drift: return {"drift", "a * drift(a): a custom op whose scale grows with each call"};
-    case Op::HostIndex: return {"host_index", "a.index_select(0, torch::tensor(std::vector<int64_t>{...}))"};
+    case Op::HostIndex:
+      return {"host_index", "a.index_select(0, torch::tensor(std::vector<int64_t>{...}))"};
     case Op::OverlapMul: return {"overlap_mul", "a.narrow(-1, start, n) * b, b a narrow view of a"};
   }
   return {"?", ""};
@@ -514,7 +567,7 @@ struct Program {
   std::vector<Step> steps;
   std::vector<Region> regions;  // a parent before its children
   std::vector<ModuleSpec> modules;
-  std::vector<int> loss;        // value ids summed into the loss
+  std::vector<int> loss;         // value ids summed into the loss
   bool second_backward = false;  // backward twice, the first retaining the graph
   int buffer = -1;
   // The checkpointed run's forward inside a sac::OffloadGuard: 0 none; its
@@ -550,13 +603,21 @@ std::string Program::describe(const Step& s) const {
   switch (s.op) {
     case Op::DivConst: o << " c=" << s.reals[0]; break;
     case Op::Gelu: o << (s.ints[0] ? " approximate=tanh" : ""); break;
-    case Op::SumDim: flag("dim", s.ints[0]); flag("keepdim", s.ints[1]); break;
+    case Op::SumDim:
+      flag("dim", s.ints[0]);
+      flag("keepdim", s.ints[1]);
+      break;
     case Op::Softmax:
     case Op::LogSoftmax: flag("dim", s.ints[0]); break;
     case Op::View:
     case Op::Reshape:
-    case Op::Expand: o << " to " << shape_str(s.ints) << (s.reals.empty() ? "" : " .contiguous()"); break;
-    case Op::Narrow: flag("start", s.ints[0]); flag("length", s.ints[1]); break;
+    case Op::Expand:
+      o << " to " << shape_str(s.ints) << (s.reals.empty() ? "" : " .contiguous()");
+      break;
+    case Op::Narrow:
+      flag("start", s.ints[0]);
+      flag("length", s.ints[1]);
+      break;
     case Op::SelectUnsqueeze: flag("index", s.ints[0]); break;
     case Op::FreshInplace: {
       const char* v[] = {"h=a*2; h.add_(b)", "h=a*2; h.mul_(0.5)", "h=a+1; h.relu_()",
@@ -572,17 +633,21 @@ std::string Program::describe(const Step& s) const {
     }
     case Op::Sort: flag("descending", s.ints[0]); break;
     case Op::Dropout: o << " p=" << s.reals[0]; break;
-    case Op::Cast64: o << (s.ints[0] ? " [(a64*1.5+tanh(b64)).f32]" : " [(sin(a64)*b64).f32]"); break;
+    case Op::Cast64:
+      o << (s.ints[0] ? " [(a64*1.5+tanh(b64)).f32]" : " [(sin(a64)*b64).f32]");
+      break;
     case Op::Sdpa:
       o << (s.ints[0] ? " 4-D heads=" + std::to_string(H) : std::string(" 3-D"))
         << (s.ints[1] ? " causal" : "") << (s.ints[2] ? " mask" : "")
         << " dropout_p=" << s.reals[0];
       break;
     case Op::BufferMutate: o << (s.ints[0] ? " [buf.mul_(0.9)]" : " [buf.add_(0.25)]"); break;
-    case Op::BufferOverwrite: o << (s.ints[0] ? " [buf.view(-1).copy_(...)]" : " [buf.copy_(...)]"); break;
+    case Op::BufferOverwrite:
+      o << (s.ints[0] ? " [buf.view(-1).copy_(...)]" : " [buf.copy_(...)]");
+      break;
     case Op::FunctionGrad:
-      o << " [outer" << (s.ints[0] ? " values" : "") << ", inner" << (s.ints[1] ? " saves mm/bmm" : "")
-        << (s.ints[3] ? ", f checkpointed again" : "")
+      o << " [outer" << (s.ints[0] ? " values" : "") << ", inner"
+        << (s.ints[1] ? " saves mm/bmm" : "") << (s.ints[3] ? ", f checkpointed again" : "")
         << (s.ints[2] ? ", save_for_backward]" : ", saved_data]");
       break;
     case Op::HostConst: {
@@ -601,7 +666,8 @@ std::string Program::describe(const Step& s) const {
   }
   if (!s.out.empty()) {
     const Value& v = values[s.out[0]];
-    o << "  " << (v.is_index ? "long" : "") << shape_str(v.shape) << (v.requires_grad ? "" : " no_grad");
+    o << "  " << (v.is_index ? "long" : "") << shape_str(v.shape)
+      << (v.requires_grad ? "" : " no_grad");
   }
   if (*op_name(s.op).second) o << "  # " << op_name(s.op).second;
   return o.str();
@@ -630,7 +696,8 @@ std::string policy_str(const PolicySpec& p) {
 std::string Program::describe(const Region& r, int index) const {
   std::ostringstream o;
   const char* styles[] = {"vector", "Tensor+vector", "optional+vector"};
-  o << "region r" << index << " [s" << r.begin << ",s" << r.end << ") policy=" << policy_str(r.policy);
+  o << "region r" << index << " [s" << r.begin << ",s" << r.end
+    << ") policy=" << policy_str(r.policy);
   if (r.policy.kind != PolicySpec::None) {
     o << (r.via_context_fn ? " via=context_fn" : " via=.policy()")
       << (r.offload ? " offload_if" : "");
@@ -638,11 +705,11 @@ std::string Program::describe(const Region& r, int index) const {
                            " names=any_of(save v3, offload v0)"};
     o << names[r.names];
   }
-  o << (r.early_stop ? "" : " early_stop=false") << (r.no_determinism_check ? " determinism_check=None" : "")
-    << (r.value_check ? " determinism_check=Values" : "")
-    << (r.debug ? " debug" : "") << " args=" << styles[r.arg_style]
-    << (r.capture_leaves ? " leaves=captured" : " leaves=args") << " in(" << join_values(*this, r.ins)
-    << ") out(" << join_values(*this, r.outs) << ")";
+  o << (r.early_stop ? "" : " early_stop=false")
+    << (r.no_determinism_check ? " determinism_check=None" : "")
+    << (r.value_check ? " determinism_check=Values" : "") << (r.debug ? " debug" : "")
+    << " args=" << styles[r.arg_style] << (r.capture_leaves ? " leaves=captured" : " leaves=args")
+    << " in(" << join_values(*this, r.ins) << ") out(" << join_values(*this, r.outs) << ")";
   return o.str();
 }
 
@@ -656,7 +723,9 @@ std::string Program::listing() const {
   for (const auto& v : values) {
     if (v.leaf == Leaf::None) continue;
     o << " " << v.name << shape_str(v.shape)
-      << (v.leaf == Leaf::Input ? "input" : v.leaf == Leaf::Param ? "param" : "buffer");
+      << (v.leaf == Leaf::Input   ? "input"
+          : v.leaf == Leaf::Param ? "param"
+                                  : "buffer");
   }
   o << "\n";
   for (size_t m = 0; m < modules.size(); ++m) {
@@ -801,12 +870,14 @@ std::string features(const Program& p) {
   for (size_t i = 0; i < p.steps.size(); ++i) {
     const Step& s = p.steps[i];
     if (s.op == Op::InnerGrad) f.insert(inside(i) ? "grad-in-region" : "grad-outside-regions");
-    if (s.op == Op::LinearModule && p.values[s.in[0]].shape.size() == 3 && inside(i)) f.insert("linear-3d-in-region");
+    if (s.op == Op::LinearModule && p.values[s.in[0]].shape.size() == 3 && inside(i))
+      f.insert("linear-3d-in-region");
     if (s.op == Op::Dropout || s.op == Op::RandLikeMul || (s.op == Op::Sdpa && s.reals[0] > 0)) {
       f.insert(inside(i) ? "random-in-region" : "random-outside-regions");
     }
     if (s.op == Op::ItemScale && inside(i)) f.insert("item-in-region");
-    if ((s.op == Op::HostConst || s.op == Op::HostIndex) && inside(i)) f.insert("host-data-in-region");
+    if ((s.op == Op::HostConst || s.op == Op::HostIndex) && inside(i))
+      f.insert("host-data-in-region");
     if (s.op == Op::OverlapMul) f.insert("overlapping-views");
     if (s.op == Op::Drift && inside(i)) f.insert("drift-in-region");
     if (s.op == Op::FunctionGrad) f.insert(inside(i) ? "function-grad-in-region" : "function-grad");
@@ -825,13 +896,14 @@ std::string features(const Program& p) {
     else f.insert("selective");
     for (int i = r.begin; i < r.end; ++i) {
       const Step& s = p.steps[i];
-      if (s.op == Op::PoolInplace && p.values[s.in[0]].def < r.begin) f.insert("inplace-on-region-input");
+      if (s.op == Op::PoolInplace && p.values[s.in[0]].def < r.begin)
+        f.insert("inplace-on-region-input");
     }
   }
   for (size_t a = 0; a < p.regions.size(); ++a) {
     for (size_t b = a + 1; b < p.regions.size(); ++b) {
-      if (p.regions[a].policy.kind != PolicySpec::None && p.regions[a].policy.key == p.regions[b].policy.key &&
-          !p.regions[a].policy.fresh) {
+      if (p.regions[a].policy.kind != PolicySpec::None &&
+          p.regions[a].policy.key == p.regions[b].policy.key && !p.regions[a].policy.fresh) {
         f.insert("shared-policy");
       }
     }
@@ -928,7 +1000,9 @@ class Generator {
   int64_t uniform(int64_t lo, int64_t hi) {
     return lo + static_cast<int64_t>(rng_() % static_cast<uint64_t>(hi - lo + 1));
   }
-  double real(double lo, double hi) { return lo + (hi - lo) * static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
+  double real(double lo, double hi) {
+    return lo + (hi - lo) * static_cast<double>(rng_() >> 11) * 0x1.0p-53;
+  }
   bool coin(double p) { return real(0, 1) < p; }
   template <class T>
   T choice(std::initializer_list<T> items) {
@@ -1063,11 +1137,13 @@ class Generator {
     // view() only where it cannot fail; reshape() of a non-contiguous tensor
     // copies, so its result aliases nothing.
     const bool as_view = val(a).contiguous && coin(0.5);
-    Value out = (as_view || val(a).contiguous) ? view_of(a, to, true) : fval(to, val(a).requires_grad);
+    Value out =
+        (as_view || val(a).contiguous) ? view_of(a, to, true) : fval(to, val(a).requires_grad);
     return emit(as_view ? Op::View : Op::Reshape, {a}, {out}, to);
   }
   int param(std::vector<int64_t> shape, double scale, double offset) {
-    std::vector<int> same = find([&](const Value& v) { return v.leaf == Leaf::Param && v.shape == shape; });
+    std::vector<int> same =
+        find([&](const Value& v) { return v.leaf == Leaf::Param && v.shape == shape; });
     if (!same.empty() && coin(0.4)) return pick(same);
     return leaf("p" + std::to_string(params_++), Leaf::Param, std::move(shape), scale, offset);
   }
@@ -1104,15 +1180,24 @@ class Generator {
   };
   static const std::vector<Family>& families() {
     static const std::vector<Family> all = {
-        {"elementwise", 22, &Generator::elementwise}, {"reduction", 11, &Generator::reduction},
-        {"matmul", 12, &Generator::matmul},           {"view", 11, &Generator::view},
-        {"inplace", 10, &Generator::inplace},         {"multi_output", 3, &Generator::multi_output},
-        {"random", 5, &Generator::random},            {"index", 6, &Generator::index},
-        {"cast", 3, &Generator::cast},                {"attention", 4, &Generator::attention},
-        {"modules", 7, &Generator::modules},          {"scalar", 2, &Generator::scalar},
-        {"inner_grad", 4, &Generator::inner_grad},    {"buffer", 2, &Generator::buffer},
-        {"host_data", 5, &Generator::host_data},      {"overlap", 4, &Generator::overlap},
-        {"drift", 2, &Generator::drift},              {"function_grad", 3, &Generator::function_grad},
+        {"elementwise", 22, &Generator::elementwise},
+        {"reduction", 11, &Generator::reduction},
+        {"matmul", 12, &Generator::matmul},
+        {"view", 11, &Generator::view},
+        {"inplace", 10, &Generator::inplace},
+        {"multi_output", 3, &Generator::multi_output},
+        {"random", 5, &Generator::random},
+        {"index", 6, &Generator::index},
+        {"cast", 3, &Generator::cast},
+        {"attention", 4, &Generator::attention},
+        {"modules", 7, &Generator::modules},
+        {"scalar", 2, &Generator::scalar},
+        {"inner_grad", 4, &Generator::inner_grad},
+        {"buffer", 2, &Generator::buffer},
+        {"host_data", 5, &Generator::host_data},
+        {"overlap", 4, &Generator::overlap},
+        {"drift", 2, &Generator::drift},
+        {"function_grad", 3, &Generator::function_grad},
         {"batch_norm_grad", 2, &Generator::batch_norm_grad},
     };
     return all;
@@ -1155,7 +1240,8 @@ class Generator {
         break;
       default: {
         const int out = emit(op, {a}, {fval(shape(a), rg({a}), contig({a}))});
-        if (op == Op::Sin || op == Op::Pow2 || op == Op::Exp) saves(out, {a});  // exp: clamp's input
+        if (op == Op::Sin || op == Op::Pow2 || op == Op::Exp)
+          saves(out, {a});  // exp: clamp's input
         if (op == Op::Tanh || op == Op::Sigmoid || op == Op::Relu) saves(out, {out});
       }
     }
@@ -1168,7 +1254,8 @@ class Generator {
         const int64_t rank = shape(a).size(), dim = uniform(0, rank - 1);
         const bool keep = coin(0.5);
         auto out = shape(a);
-        if (keep) out[dim] = 1; else out.erase(out.begin() + dim);
+        if (keep) out[dim] = 1;
+        else out.erase(out.begin() + dim);
         emit(Op::SumDim, {a}, {fval(out, rg({a}))}, {dim, keep});
         break;
       }
@@ -1177,19 +1264,20 @@ class Generator {
         emit(Op::MeanAll, {a}, {fval({}, rg({a}))});
         break;
       }
-      case 2: max_dim(pick(find([](const Value& v) { return !v.shape.empty(); })));
-        break;
+      case 2: max_dim(pick(find([](const Value& v) { return !v.shape.empty(); }))); break;
       case 3:
       case 4: {
         const int a = pick(find([](const Value& v) { return !v.shape.empty(); }));
         const int64_t dim = uniform(0, shape(a).size() - 1);
-        const int out = emit(coin(0.5) ? Op::Softmax : Op::LogSoftmax, {a}, {fval(shape(a), rg({a}))}, {dim});
+        const int out =
+            emit(coin(0.5) ? Op::Softmax : Op::LogSoftmax, {a}, {fval(shape(a), rg({a}))}, {dim});
         saves(out, {out});
         break;
       }
       default: {
         const int64_t W = p_.W;
-        const int a = pick(find([W](const Value& v) { return !v.shape.empty() && v.shape.back() == W; }));
+        const int a =
+            pick(find([W](const Value& v) { return !v.shape.empty() && v.shape.back() == W; }));
         const int w = param({W}, 0.1, 1.0), b = param({W}, 0.1, 0.0);
         saves(emit(Op::LayerNormF, {a, w, b}, {fval(shape(a), true)}), {a});
       }
@@ -1248,20 +1336,22 @@ class Generator {
         break;
       }
       case 2: {
-        const int a = pick(find([](const Value& v) { return !v.shape.empty() && v.shape.back() >= 2; }));
-        const int64_t last = shape(a).back(), len = uniform(1, last - 1), start = uniform(0, last - len);
+        const int a =
+            pick(find([](const Value& v) { return !v.shape.empty() && v.shape.back() >= 2; }));
+        const int64_t last = shape(a).back(), len = uniform(1, last - 1),
+                      start = uniform(0, last - len);
         auto out = shape(a);
         out.back() = len;
         emit(Op::Narrow, {a}, {view_of(a, out, false)}, {start, len});
         break;
       }
-      case 3: select_unsqueeze(canonical_value());
-        break;
+      case 3: select_unsqueeze(canonical_value()); break;
       default: {
         // Broadcast a smaller value up to a canonical shape; without
         // .contiguous() the result has stride-0 dims (never written to).
         const auto target = coin(0.5) ? s2() : s3();
-        int b = pick(find([&](const Value& v) { return v.shape != target && broadcasts(v.shape, target); }));
+        int b = pick(
+            find([&](const Value& v) { return v.shape != target && broadcasts(v.shape, target); }));
         if (b < 0) {
           b = select_unsqueeze(need2());
         }
@@ -1272,7 +1362,8 @@ class Generator {
         } else {
           out.no_inplace = true;
         }
-        emit(Op::Expand, {b}, {out}, target, contiguous ? std::vector<double>{1.0} : std::vector<double>{});
+        emit(Op::Expand, {b}, {out}, target,
+             contiguous ? std::vector<double>{1.0} : std::vector<double>{});
       }
     }
   }
@@ -1290,7 +1381,8 @@ class Generator {
     // same step.
     const bool careful = coin(0.9);
     std::vector<int> targets = find([&](const Value& v) {
-      return v.leaf == Leaf::None && !v.aliases_leaf && !v.no_inplace && !(careful && saved_.count(v.storage));
+      return v.leaf == Leaf::None && !v.aliases_leaf && !v.no_inplace &&
+             !(careful && saved_.count(v.storage));
     });
     if (targets.empty() || coin(0.5)) {
       const int a = any_float(), variant = uniform(0, 4);
@@ -1363,11 +1455,12 @@ class Generator {
         break;
       }
       default: {
-        int c = -1, idx = index_value([](const Value& v) { return !v.shape.empty(); });
+        int c = -1, idx = index_value([](const Value&v) { return !v.shape.empty(); });
         if (idx >= 0) {
           const Value iv = val(idx);
           c = pick(find([&](const Value& v) {
-            return v.shape.size() == iv.shape.size() && !v.shape.empty() && v.shape.back() >= iv.bound &&
+            return v.shape.size() == iv.shape.size() && !v.shape.empty() &&
+                   v.shape.back() >= iv.bound &&
                    std::equal(iv.shape.begin(), iv.shape.end() - 1, v.shape.begin());
           }));
         }
@@ -1393,7 +1486,8 @@ class Generator {
     if (mask) {
       for (int64_t i = 0; i < p_.T * p_.T; ++i) reals.push_back(real(-1.0, 0.0));
     }
-    const int out = emit(Op::Sdpa, {a, w}, {fval(s3(), true, /*contiguous=*/four_d)}, {four_d, causal, mask}, reals);
+    const int out = emit(Op::Sdpa, {a, w}, {fval(s3(), true, /*contiguous=*/four_d)},
+                         {four_d, causal, mask}, reals);
     saves(out, {a, out});
   }
 
@@ -1401,7 +1495,8 @@ class Generator {
     if (coin(0.2)) {
       // Statistics over the R rows of a [R, W] value (R >= 9).
       const int a = need2();
-      saves(emit(Op::BatchNormModule, {a}, {fval(shape(a), true)}, {}, {}, module(false, true)), {a});
+      saves(emit(Op::BatchNormModule, {a}, {fval(shape(a), true)}, {}, {}, module(false, true)),
+            {a});
     } else if (coin(0.5)) {
       // On 3-D input LibTorch's Linear runs mm, _unsafe_view, then adds the
       // bias in place; on 2-D input one addmm.
@@ -1409,7 +1504,8 @@ class Generator {
       saves(emit(Op::LinearModule, {a}, {fval(shape(a), true)}, {}, {}, module(false)), {a});
     } else {
       const int64_t W = p_.W;
-      const int a = pick(find([W](const Value& v) { return !v.shape.empty() && v.shape.back() == W; }));
+      const int a =
+          pick(find([W](const Value& v) { return !v.shape.empty() && v.shape.back() == W; }));
       saves(emit(Op::LayerNormModule, {a}, {fval(shape(a), true)}, {}, {}, module(true)), {a});
     }
   }
@@ -1428,7 +1524,8 @@ class Generator {
   // next to each other, so that one region often holds both.
   void batch_norm_grad() {
     const int a = need2();
-    const int h = saves(emit(Op::BatchNormModule, {a}, {fval(shape(a), true)}, {}, {}, module(false, true)), {a});
+    const int h = saves(
+        emit(Op::BatchNormModule, {a}, {fval(shape(a), true)}, {}, {}, module(false, true)), {a});
     const int c = operand_for(h);
     saves(emit(Op::InnerGrad, {h, c}, {fval(shape(h), true, contig({h, c}))}), {h, c});
   }
@@ -1490,7 +1587,8 @@ class Generator {
     std::vector<int> views;
     for (size_t i = 0; i < p_.values.size(); ++i) {
       const Value& v = p_.values[i];
-      if (v.def >= 0 && p_.steps[v.def].op == Op::Narrow && !v.dead && !val(p_.steps[v.def].in[0]).dead) {
+      if (v.def >= 0 && p_.steps[v.def].op == Op::Narrow && !v.dead &&
+          !val(p_.steps[v.def].in[0]).dead) {
         views.push_back(i);
       }
     }
@@ -1535,7 +1633,7 @@ class Generator {
     }
     PolicySpec s;
     const int r = uniform(0, 99);
-    s.kind = r < 30 ? PolicySpec::None
+    s.kind = r < 30   ? PolicySpec::None
              : r < 62 ? PolicySpec::SaveOps
              : r < 72 ? PolicySpec::SaveAll
              : r < 84 ? PolicySpec::HashName
@@ -1645,9 +1743,7 @@ class Generator {
   std::set<int> saved_;  // storages autograd keeps for backward
 };
 
-Program generate(uint64_t seed) {
-  return Generator(seed, save_op_names().accepted).generate();
-}
+Program generate(uint64_t seed) { return Generator(seed, save_op_names().accepted).generate(); }
 
 // ---- Running ---------------------------------------------------------------
 
@@ -1661,7 +1757,7 @@ struct Instance {
   std::vector<torch::nn::BatchNorm1d> batch_norms;
   std::vector<at::Tensor> targets;  // gradients are taken w.r.t. these
   std::vector<std::string> target_names;
-  std::vector<at::Tensor> params;   // updated after each iteration
+  std::vector<at::Tensor> params;  // updated after each iteration
 
   explicit Instance(const Program& p) : leaves(p.values.size()) {
     torch::manual_seed(p.seed ^ 0x5eed5eedull);
@@ -1710,9 +1806,12 @@ struct Instance {
   }
 };
 
-at::Tensor from_doubles(const std::vector<double>& data, size_t offset, std::vector<int64_t> shape) {
+at::Tensor from_doubles(const std::vector<double>& data, size_t offset,
+                        std::vector<int64_t> shape) {
   std::vector<float> f(data.begin() + offset, data.end());
-  return torch::from_blob(f.data(), {static_cast<int64_t>(f.size())}, torch::kFloat).clone().view(shape);
+  return torch::from_blob(f.data(), {static_cast<int64_t>(f.size())}, torch::kFloat)
+      .clone()
+      .view(shape);
 }
 
 using Env = std::vector<at::Tensor>;
@@ -1729,7 +1828,7 @@ class Runner {
     if (checkpointed_ && p_.offload_guard != 0) {
       sac::OffloadOptions options;
       options.target(std::make_shared<HostCopies>());
-      if (p_.offload_guard == 2) options.keep(inst_.params);
+      if (p_.offload_guard == 2) options.leave_in_place(inst_.params);
       if (p_.offload_guard == 3) options.min_bytes(int64_t{1} << 40);
       offload.emplace(options);
     }
@@ -1792,7 +1891,8 @@ class Runner {
       const int style = args.empty() ? 0 : R.arg_style;
       if (style == 0) {
         outs = sac::checkpoint(
-            options, [this](const std::vector<at::Tensor>& xs, int64_t t) { return body(t, xs); }, args, tag);
+            options, [this](const std::vector<at::Tensor>& xs, int64_t t) { return body(t, xs); },
+            args, tag);
       } else {
         const std::vector<at::Tensor> rest(args.begin() + 1, args.end());
         if (style == 1) {
@@ -1807,7 +1907,8 @@ class Runner {
         } else {
           outs = sac::checkpoint(
               options,
-              [this](const std::optional<at::Tensor>& first, const std::vector<at::Tensor>& more, int64_t t) {
+              [this](const std::optional<at::Tensor>& first, const std::vector<at::Tensor>& more,
+                     int64_t t) {
                 std::vector<at::Tensor> xs{first.value()};
                 xs.insert(xs.end(), more.begin(), more.end());
                 return body(t, xs);
@@ -1817,7 +1918,8 @@ class Runner {
       }
     }
     if (outs.size() != R.outs.size()) {
-      throw std::logic_error("sac_fuzz: region returned " + std::to_string(outs.size()) + " values");
+      throw std::logic_error("sac_fuzz: region returned " + std::to_string(outs.size()) +
+                             " values");
     }
     for (size_t k = 0; k < outs.size(); ++k) env[R.outs[k]] = outs[k];
   }
@@ -1842,37 +1944,41 @@ class Runner {
     using Ctx = sac::SelectiveCheckpointContext;
     using Args = c10::ArrayRef<c10::IValue>;
     switch (s.kind) {
-      case PolicySpec::SaveOps:
-        return sac::Policy::save_ops(s.names);
+      case PolicySpec::SaveOps: return sac::Policy::save_ops(s.names);
       case PolicySpec::SaveAll:
-        return sac::Policy::from_fn(sac::Policy::Fn(
-            [](const Ctx&, const c10::OperatorHandle&, Args) { return sac::CheckpointPolicy::MustSave; }));
+        return sac::Policy::from_fn(
+            sac::Policy::Fn([](const Ctx&, const c10::OperatorHandle&, Args) {
+              return sac::CheckpointPolicy::MustSave;
+            }));
       case PolicySpec::HashName: {
         const uint64_t salt = s.salt;
-        return sac::Policy::from_fn(sac::Policy::Fn([salt](const Ctx&, const c10::OperatorHandle& op, Args) {
-          const auto& name = op.operator_name();
-          switch (fnv1a(name.name + "." + name.overload_name, salt) % 4) {
-            case 0: return sac::CheckpointPolicy::MustSave;
-            case 1: return sac::CheckpointPolicy::PreferSave;
-            case 2: return sac::CheckpointPolicy::MustRecompute;
-            default: return sac::CheckpointPolicy::PreferRecompute;
-          }
-        }));
+        return sac::Policy::from_fn(
+            sac::Policy::Fn([salt](const Ctx&, const c10::OperatorHandle& op, Args) {
+              const auto& name = op.operator_name();
+              switch (fnv1a(name.name + "." + name.overload_name, salt) % 4) {
+                case 0: return sac::CheckpointPolicy::MustSave;
+                case 1: return sac::CheckpointPolicy::PreferSave;
+                case 2: return sac::CheckpointPolicy::MustRecompute;
+                default: return sac::CheckpointPolicy::PreferRecompute;
+              }
+            }));
       }
       case PolicySpec::BoolHash: {
         const uint64_t salt = s.salt;
-        return sac::Policy::from_fn(sac::Policy::BoolFn([salt](const Ctx&, const c10::OperatorHandle& op, Args) {
-          return fnv1a(op.operator_name().name, salt) % 2 == 0;
-        }));
+        return sac::Policy::from_fn(
+            sac::Policy::BoolFn([salt](const Ctx&, const c10::OperatorHandle& op, Args) {
+              return fnv1a(op.operator_name().name, salt) % 2 == 0;
+            }));
       }
       case PolicySpec::EveryOther: {
         auto count = std::make_shared<uint64_t>(0);
-        return sac::Policy::from_fn(sac::Policy::Fn([count](const Ctx&, const c10::OperatorHandle&, Args) {
-          return (*count)++ % 2 == 0 ? sac::CheckpointPolicy::MustSave : sac::CheckpointPolicy::PreferRecompute;
-        }));
+        return sac::Policy::from_fn(
+            sac::Policy::Fn([count](const Ctx&, const c10::OperatorHandle&, Args) {
+              return (*count)++ % 2 == 0 ? sac::CheckpointPolicy::MustSave
+                                         : sac::CheckpointPolicy::PreferRecompute;
+            }));
       }
-      case PolicySpec::None:
-        break;
+      case PolicySpec::None: break;
     }
     throw std::logic_error("sac_fuzz: no policy to make");
   }
@@ -1907,7 +2013,8 @@ class Runner {
       }
       if (R.via_context_fn) {
         o.context_fn([policy, target] {
-          return sac::RegionContexts(sac::create_selective_checkpoint_contexts(policy, false, target));
+          return sac::RegionContexts(
+              sac::create_selective_checkpoint_contexts(policy, false, target));
         });
       } else {
         o.policy(policy);
@@ -1963,7 +2070,8 @@ class Runner {
       case Op::MmT: set(0, (in(0).mm(in(1).t()) / static_cast<double>(p_.R)).mm(in(2))); break;
       case Op::Matmul3: set(0, in(0).matmul(in(1))); break;
       case Op::Bmm: {
-        auto scores = torch::bmm(in(0), in(1).transpose(1, 2)) / std::sqrt(static_cast<double>(p_.W));
+        auto scores =
+            torch::bmm(in(0), in(1).transpose(1, 2)) / std::sqrt(static_cast<double>(p_.W));
         set(0, torch::bmm(torch::softmax(scores, -1), in(2)));
         break;
       }
@@ -1998,9 +2106,18 @@ class Runner {
       case Op::FreshInplace: {
         at::Tensor h;
         switch (s.ints[0]) {
-          case 0: h = in(0) * 2; h.add_(in(1)); break;
-          case 1: h = in(0) * 2; h.mul_(0.5); break;
-          case 2: h = in(0) + 1; h.relu_(); break;
+          case 0:
+            h = in(0) * 2;
+            h.add_(in(1));
+            break;
+          case 1:
+            h = in(0) * 2;
+            h.mul_(0.5);
+            break;
+          case 2:
+            h = in(0) + 1;
+            h.relu_();
+            break;
           case 3: {
             h = in(0) * 1.5;
             if (h.dim() > 0) {
@@ -2011,7 +2128,10 @@ class Runner {
             }
             break;
           }
-          default: h = in(0).clone(); h.sigmoid_(); break;
+          default:
+            h = in(0).clone();
+            h.sigmoid_();
+            break;
         }
         set(0, h);
         break;
@@ -2048,8 +2168,8 @@ class Runner {
       case Op::Argmax: set(0, in(0).argmax(1)); break;
       case Op::IndexSelect: set(0, in(0).index_select(0, in(1))); break;
       case Op::GatherFixed: {
-        auto index = torch::from_blob(const_cast<int64_t*>(s.ints.data()), {static_cast<int64_t>(s.ints.size())},
-                                      torch::kLong)
+        auto index = torch::from_blob(const_cast<int64_t*>(s.ints.data()),
+                                      {static_cast<int64_t>(s.ints.size())}, torch::kLong)
                          .clone()
                          .view(in(0).sizes());
         set(0, torch::gather(in(0), -1, index));
@@ -2070,8 +2190,9 @@ class Runner {
         };
         std::optional<at::Tensor> mask;
         if (s.ints[2]) mask = from_doubles(s.reals, 1, {T, T});
-        auto out = at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]), mask,
-                                                    s.reals[0], /*is_causal=*/s.ints[1] != 0);
+        auto out =
+            at::scaled_dot_product_attention(heads(parts[0]), heads(parts[1]), heads(parts[2]),
+                                             mask, s.reals[0], /*is_causal=*/s.ints[1] != 0);
         set(0, s.ints[0] ? out.transpose(1, 2).reshape({B, T, W}) : out);
         break;
       }
@@ -2090,15 +2211,18 @@ class Runner {
       case Op::InnerGrad: {
         at::Tensor a = in(0);
         auto t = (a.sin() * in(1)).sum();
-        set(0, torch::autograd::grad({t}, {a}, {}, /*retain_graph=*/std::nullopt, /*create_graph=*/true)[0]);
+        set(0, torch::autograd::grad({t}, {a}, {}, /*retain_graph=*/std::nullopt,
+                                     /*create_graph=*/true)[0]);
         break;
       }
       case Op::BufferMutate:
-        if (s.ints[0]) in(0).mul_(0.9); else in(0).add_(0.25);
+        if (s.ints[0]) in(0).mul_(0.9);
+        else in(0).add_(0.25);
         break;
       case Op::BufferOverwrite: {
         const at::Tensor value = in(1).detach().mean();
-        if (s.ints[0]) in(0).view({-1}).copy_(value); else in(0).copy_(value);
+        if (s.ints[0]) in(0).view({-1}).copy_(value);
+        else in(0).copy_(value);
         set(0, in(1) * in(0).mean());
         break;
       }
@@ -2173,19 +2297,21 @@ RunResult run(const Program& p, bool checkpointed) {
       {
         at::Tensor loss = runner.forward();
         snap.loss = loss.detach().clone();
-        snap.grads = torch::autograd::grad({loss}, inst.targets, {}, /*retain_graph=*/p.second_backward,
-                                           /*create_graph=*/false, /*allow_unused=*/true);
+        snap.grads =
+            torch::autograd::grad({loss}, inst.targets, {}, /*retain_graph=*/p.second_backward,
+                                  /*create_graph=*/false, /*allow_unused=*/true);
         if (p.second_backward) {
-          snap.second_grads = torch::autograd::grad({loss}, inst.targets, {}, /*retain_graph=*/false,
-                                                    /*create_graph=*/false, /*allow_unused=*/true);
+          snap.second_grads =
+              torch::autograd::grad({loss}, inst.targets, {}, /*retain_graph=*/false,
+                                    /*create_graph=*/false, /*allow_unused=*/true);
         }
       }
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < inst.targets.size(); ++i) {
         const auto& t = inst.targets[i];
-        const bool is_param = std::find_if(inst.params.begin(), inst.params.end(), [&](const at::Tensor& q) {
-                                return q.is_same(t);
-                              }) != inst.params.end();
+        const bool is_param =
+            std::find_if(inst.params.begin(), inst.params.end(),
+                         [&](const at::Tensor& q) { return q.is_same(t); }) != inst.params.end();
         if (is_param && snap.grads[i].defined()) t.sub_(kLearningRate * snap.grads[i]);
       }
       result.iterations.push_back(std::move(snap));
@@ -2219,13 +2345,14 @@ bool bit_equal(const at::Tensor& a, const at::Tensor& b) {
 std::string diff_str(const at::Tensor& expected, const at::Tensor& actual) {
   std::ostringstream o;
   if (expected.scalar_type() != actual.scalar_type() || expected.sizes() != actual.sizes()) {
-    o << "expected " << expected.scalar_type() << expected.sizes() << ", got " << actual.scalar_type()
-      << actual.sizes();
+    o << "expected " << expected.scalar_type() << expected.sizes() << ", got "
+      << actual.scalar_type() << actual.sizes();
     return o.str();
   }
   auto e = expected.to(torch::kFloat64), g = actual.to(torch::kFloat64);
   auto differ = (e != g) & ~(e.isnan() & g.isnan());
-  o << differ.sum().item<int64_t>() << " of " << e.numel() << " elements differ, max abs difference "
+  o << differ.sum().item<int64_t>() << " of " << e.numel()
+    << " elements differ, max abs difference "
     << (e - g).abs().nan_to_num(INFINITY).max().item<double>();
   return o.str();
 }
@@ -2233,7 +2360,8 @@ std::string diff_str(const at::Tensor& expected, const at::Tensor& actual) {
 // The first difference between two iterations' results, if any.
 std::optional<std::string> compare(const Snapshot& expected, const Snapshot& actual,
                                    const std::vector<std::string>& names) {
-  if (!bit_equal(expected.loss, actual.loss)) return "loss: " + diff_str(expected.loss, actual.loss);
+  if (!bit_equal(expected.loss, actual.loss))
+    return "loss: " + diff_str(expected.loss, actual.loss);
   for (int pass = 0; pass < 2; ++pass) {
     const auto& e = pass ? expected.second_grads : expected.grads;
     const auto& a = pass ? actual.second_grads : actual.grads;
@@ -2305,7 +2433,8 @@ CaseOutcome run_case(uint64_t seed) {
                          " kind=" + kind);
     for (const auto& line : split_lines(first_lines(what, 40))) out.detail.push_back("  " + line);
     out.detail.push_back("  features: " + features(program));
-    out.detail.push_back("  replay: " + replay_env() + " sac_fuzz --replay " + std::to_string(seed));
+    out.detail.push_back("  replay: " + replay_env() + " sac_fuzz --replay " +
+                         std::to_string(seed));
     for (const auto& line : split_lines(program.listing())) out.detail.push_back("  | " + line);
   };
   for (size_t it = 0; it < actual.iterations.size(); ++it) {
@@ -2331,10 +2460,11 @@ CaseOutcome run_case(uint64_t seed) {
       out.category = allowed.category;
       return out;
     }
-    fail("unexpected-error", where + actual.error +
-                                 (matched.empty() ? std::string()
-                                                  : "\n(the message of expected limit '" + matched +
-                                                        "', but this program does not do what that limit is about)"));
+    fail("unexpected-error",
+         where + actual.error +
+             (matched.empty() ? std::string()
+                              : "\n(the message of expected limit '" + matched +
+                                    "', but this program does not do what that limit is about)"));
     return out;
   }
   out.category = shapes_of_interest(program);
@@ -2387,11 +2517,13 @@ int child_main(const std::vector<uint64_t>& seeds, bool verbose) {
   const char* sequence_crash_seed = std::getenv("SAC_FUZZ_TEST_SEQUENCE_CRASH_SEED");
   for (uint64_t seed : seeds) {
     if (crash_seed && std::stoull(crash_seed) == seed) std::abort();
-    if (sequence_crash_seed && std::stoull(sequence_crash_seed) == seed && seed != seeds.front()) std::abort();
+    if (sequence_crash_seed && std::stoull(sequence_crash_seed) == seed && seed != seeds.front())
+      std::abort();
     if (hang_seed && std::stoull(hang_seed) == seed) pause();
     const CaseOutcome outcome = run_case(seed);
     for (const auto& line : outcome.detail) std::cout << "@@D " << line << "\n";
-    std::cout << "@@R " << seed << " " << kind_name(outcome.kind) << " " << outcome.category << std::endl;
+    std::cout << "@@R " << seed << " " << kind_name(outcome.kind) << " " << outcome.category
+              << std::endl;
   }
   return 0;
 }
@@ -2456,7 +2588,8 @@ std::string describe_status(int status, bool timed_out) {
     return "timeout: no result for " + std::to_string(child_timeout_s()) + " s (hang), killed";
   }
   if (WIFSIGNALED(status)) {
-    return "killed by signal " + std::to_string(WTERMSIG(status)) + " (" + strsignal(WTERMSIG(status)) + ")";
+    return "killed by signal " + std::to_string(WTERMSIG(status)) + " (" +
+           strsignal(WTERMSIG(status)) + ")";
   }
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
   return "ended abnormally";
@@ -2471,7 +2604,8 @@ void append_listing(uint64_t seed, std::vector<std::string>& detail) {
 
 class Parent {
  public:
-  Parent(uint64_t base_seed, std::optional<size_t> cases, std::optional<double> seconds, int jobs, bool verbose)
+  Parent(uint64_t base_seed, std::optional<size_t> cases, std::optional<double> seconds, int jobs,
+         bool verbose)
       : base_seed_(base_seed), cases_(cases), seconds_(seconds), jobs_(jobs), verbose_(verbose) {
     char path[4096];
     const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
@@ -2487,8 +2621,8 @@ class Parent {
     deadline_ = seconds_ ? start + std::chrono::milliseconds(static_cast<int64_t>(*seconds_ * 1000))
                          : std::chrono::steady_clock::time_point::max();
     std::cout << "sac_fuzz: " << replay_env() << ", seed " << base_seed_ << ", "
-              << (seconds_ ? std::to_string(*seconds_) + " s" : std::to_string(*cases_) + " cases") << ", "
-              << jobs_ << " jobs, " << exe_display_ << std::endl;
+              << (seconds_ ? std::to_string(*seconds_) + " s" : std::to_string(*cases_) + " cases")
+              << ", " << jobs_ << " jobs, " << exe_display_ << std::endl;
     const auto& names = save_op_names();
     for (const auto& [name, reason] : names.dropped) {
       std::cout << "save_ops candidate dropped: " << name << ": " << one_line(reason, 160) << "\n";
@@ -2505,11 +2639,13 @@ class Parent {
       pump();
     }
 
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::cout << "\n== summary ==\n";
     std::cout << "mechanism: " << (t_.mechanism.empty() ? mechanism_name() : t_.mechanism) << "\n";
     std::cout << "cases: " << t_.cases << " in " << elapsed << " s ("
-              << (t_.cases ? 1000.0 * elapsed / t_.cases : 0.0) << " s per 1000 cases, " << jobs_ << " jobs)\n";
+              << (t_.cases ? 1000.0 * elapsed / t_.cases : 0.0) << " s per 1000 cases, " << jobs_
+              << " jobs)\n";
     std::cout << "passed (bit-identical): " << t_.passed << "\n";
     for (const auto& [k, n] : t_.passed_by) std::cout << "  " << k << ": " << n << "\n";
     std::cout << "expected limits: " << t_.expected << "\n";
@@ -2539,7 +2675,8 @@ class Parent {
       retries_.pop_front();
       return job;
     }
-    const bool more = seconds_ ? std::chrono::steady_clock::now() < deadline_ : next_index_ < *cases_;
+    const bool more =
+        seconds_ ? std::chrono::steady_clock::now() < deadline_ : next_index_ < *cases_;
     if (!more) return std::nullopt;
     Job job;
     const size_t n = seconds_ ? kChunkSize : std::min(chunk_, *cases_ - next_index_);
@@ -2565,7 +2702,8 @@ class Parent {
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
     Child child;
-    const int rc = posix_spawn(&child.pid, "/proc/self/exe", &actions, nullptr, argv.data(), environ);
+    const int rc =
+        posix_spawn(&child.pid, "/proc/self/exe", &actions, nullptr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&actions);
     close(out[1]);
     close(err[1]);
@@ -2669,12 +2807,15 @@ class Parent {
     if (job.kind == Job::Kind::CrashedInChunk) {
       // The case a chunk died in does not crash alone: the crash needs what
       // the cases before it left in the process.
-      std::vector<std::string> detail{
-          "FAILURE seed=" + std::to_string(seed) + " mechanism=" + mechanism_name() + " kind=crash-in-sequence",
-          "  the child running this case in a chunk " + job.how + "; alone, the case's outcome is: " + alone,
-          "  so it depends on the cases run before it in the same process; replay them in one process:",
-          sequence_replay(job, seed), "  child stderr (tail):"};
-      for (const auto& l : split_lines(first_lines(job.stderr_tail, 25))) detail.push_back("    " + l);
+      std::vector<std::string> detail{"FAILURE seed=" + std::to_string(seed) + " mechanism=" +
+                                          mechanism_name() + " kind=crash-in-sequence",
+                                      "  the child running this case in a chunk " + job.how +
+                                          "; alone, the case's outcome is: " + alone,
+                                      "  so it depends on the cases run before it in the same "
+                                      "process; replay them in one process:",
+                                      sequence_replay(job, seed), "  child stderr (tail):"};
+      for (const auto& l : split_lines(first_lines(job.stderr_tail, 25)))
+        detail.push_back("    " + l);
       for (const auto& l : details) detail.push_back(l);
       if (details.empty()) append_listing(seed, detail);
       record(seed, CaseOutcome::Fail, "crash-in-sequence", detail);
@@ -2686,9 +2827,10 @@ class Parent {
         detail.insert(detail.begin() + 1, "  reproduces alone in a fresh process");
         record(seed, CaseOutcome::Fail, job.category, detail);
       } else {
-        detail.insert(detail.begin() + 1, "  does NOT reproduce alone (alone: " + alone +
-                                              "): it depends on the cases run before it in the same "
-                                              "process; replay them in one process:");
+        detail.insert(detail.begin() + 1,
+                      "  does NOT reproduce alone (alone: " + alone +
+                          "): it depends on the cases run before it in the same "
+                          "process; replay them in one process:");
         detail.insert(detail.begin() + 2, sequence_replay(job, seed));
         record(seed, CaseOutcome::Fail, job.category + " (in sequence only)", detail);
       }
@@ -2731,8 +2873,14 @@ class Parent {
         ++t_.passed;
         if (!category.empty()) ++t_.passed_by[category];
         break;
-      case CaseOutcome::Expected: ++t_.expected; ++t_.expected_by[category]; break;
-      case CaseOutcome::Invalid: ++t_.invalid; ++t_.invalid_by[category]; break;
+      case CaseOutcome::Expected:
+        ++t_.expected;
+        ++t_.expected_by[category];
+        break;
+      case CaseOutcome::Invalid:
+        ++t_.invalid;
+        ++t_.invalid_by[category];
+        break;
       case CaseOutcome::Fail:
         ++t_.failed;
         ++t_.failed_by[category];
@@ -2741,7 +2889,8 @@ class Parent {
         std::cout << std::endl;
         break;
     }
-    if (verbose_) std::cout << "case " << seed << ": " << kind_name(kind) << " " << category << std::endl;
+    if (verbose_)
+      std::cout << "case " << seed << ": " << kind_name(kind) << " " << category << std::endl;
   }
 
   void finish(Child& c, int status) {
@@ -2753,16 +2902,17 @@ class Parent {
     if (clean && unfinished.empty()) return;
     const std::string how = describe_status(status, c.timed_out);
     if (unfinished.empty()) {
-      std::cout << "sac_fuzz: a child " << how << " after its last case\n" << first_lines(c.err_tail, 25) << "\n";
+      std::cout << "sac_fuzz: a child " << how << " after its last case\n"
+                << first_lines(c.err_tail, 25) << "\n";
       return;
     }
     const uint64_t first = unfinished.front();
     if (c.job.kind != Job::Kind::Chunk) {
       // Alone in its process: this case crashes (or hangs) by itself.
       const std::string kind = c.timed_out ? "timeout" : "crash";
-      std::vector<std::string> detail{
-          "FAILURE seed=" + std::to_string(first) + " mechanism=" + mechanism_name() + " kind=" + kind,
-          "  the child running this case alone " + how};
+      std::vector<std::string> detail{"FAILURE seed=" + std::to_string(first) +
+                                          " mechanism=" + mechanism_name() + " kind=" + kind,
+                                      "  the child running this case alone " + how};
       if (c.job.kind == Job::Kind::CrashedInChunk) {
         detail.push_back("  (first seen in a chunk whose child " + c.job.how + ")");
       } else if (c.job.kind == Job::Kind::Recheck) {
@@ -2813,9 +2963,10 @@ class Parent {
 };
 
 [[noreturn]] void usage(const std::string& problem) {
-  std::cerr << "sac_fuzz: " << problem << "\n"
-            << "usage: sac_fuzz [--cases N] [--seed S] [--jobs J] [--replay SEED[,SEED...]] [--verbose]\n"
-            << "env: SAC_FUZZ_CASES, SAC_FUZZ_SECONDS, SAC_DISPATCH=per_op|fallback|auto\n";
+  std::cerr
+      << "sac_fuzz: " << problem << "\n"
+      << "usage: sac_fuzz [--cases N] [--seed S] [--jobs J] [--replay SEED[,SEED...]] [--verbose]\n"
+      << "env: SAC_FUZZ_CASES, SAC_FUZZ_SECONDS, SAC_DISPATCH=per_op|fallback|auto\n";
   std::exit(2);
 }
 
@@ -2858,5 +3009,6 @@ int main(int argc, char** argv) {
   std::optional<double> seconds;
   if (const char* env = std::getenv("SAC_FUZZ_CASES")) cases = std::stoull(env);
   if (const char* env = std::getenv("SAC_FUZZ_SECONDS")) seconds = std::stod(env);
-  return Parent(seed, seconds ? std::nullopt : std::optional<size_t>(cases), seconds, jobs, verbose).run();
+  return Parent(seed, seconds ? std::nullopt : std::optional<size_t>(cases), seconds, jobs, verbose)
+      .run();
 }

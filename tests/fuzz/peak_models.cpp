@@ -25,6 +25,8 @@
 #include "examples/support.h"
 
 #include <sac/sac.h>
+#include <sac/policy/presets.h>
+#include <sac/lab.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -166,8 +168,7 @@ Layer mlp(Rng& rng, int64_t d) {
   at::Tensor b1 = param({hidden}, 0.1);
   at::Tensor w2 = param({d, hidden}, 1.0 / std::sqrt(static_cast<double>(hidden)));
   at::Tensor b2 = param({d}, 0.1);
-  return {"mlp x" + std::to_string(hidden / d), {w1, b1, w2, b2}, {},
-          [=](const at::Tensor& h) {
+  return {"mlp x" + std::to_string(hidden / d), {w1, b1, w2, b2}, {}, [=](const at::Tensor& h) {
             at::Tensor flat = h.reshape({-1, h.size(2)});
             return at::linear(at::gelu(at::linear(flat, w1, b1)), w2, b2).view(h.sizes());
           }};
@@ -217,8 +218,8 @@ Layer attention(Rng& rng, int64_t d) {
               if (kind == 1) {
                 out = at::scaled_dot_product_attention(q, k, v, mask);
               } else {
-                at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) /
-                                    std::sqrt(static_cast<double>(d / heads));
+                at::Tensor scores =
+                    at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(d / heads));
                 scores = scores.masked_fill(mask.logical_not(), -1e9);
                 out = at::matmul(at::dropout(at::softmax(scores, -1), p, true), v);
               }
@@ -255,11 +256,10 @@ Layer conv(Rng& rng, int64_t c) {
   at::Tensor w = param({c, c, 3, 3}, 1.0 / std::sqrt(9.0 * static_cast<double>(c)));
   at::Tensor b = param({c}, 0.1);
   const bool bias = chance(rng, 0.5);
-  return {bias ? "conv" : "conv(no bias)", bias ? std::vector<at::Tensor>{w, b}
-                                                : std::vector<at::Tensor>{w},
-          {}, [=](const at::Tensor& h) {
-            return at::conv2d(h, w, bias ? b : at::Tensor(), 1, 1);
-          }};
+  return {bias ? "conv" : "conv(no bias)",
+          bias ? std::vector<at::Tensor>{w, b} : std::vector<at::Tensor>{w},
+          {},
+          [=](const at::Tensor& h) { return at::conv2d(h, w, bias ? b : at::Tensor(), 1, 1); }};
 }
 
 Layer batch_norm_2d(int64_t c) {
@@ -353,8 +353,8 @@ void zero_grad(Model& m) {
 
 // One step: every region checkpointed under its policy (none: no
 // checkpointing at all). `run_region` can replace how a region runs.
-using RunRegion = std::function<at::Tensor(size_t, const std::function<at::Tensor(const at::Tensor&)>&,
-                                           const at::Tensor&)>;
+using RunRegion = std::function<at::Tensor(
+    size_t, const std::function<at::Tensor(const at::Tensor&)>&, const at::Tensor&)>;
 
 at::Tensor forward(Model& m, const RunRegion& run_region) {
   at::Tensor h = m.x;
@@ -431,13 +431,28 @@ sac::Policy random_policy(Rng& rng) {
     case 2: return sac::compute_intensive_ops();
     case 3: return sac::outputs_larger_than(pick(rng, 1, 4) * 256);
     default: {
-      const std::vector<std::string> names{
-          "aten::addmm", "aten::mm", "aten::bmm", "aten::convolution", "aten::gelu",
-          "aten::native_layer_norm", "aten::native_batch_norm", "aten::_softmax",
-          "aten::native_dropout", "aten::mul.*", "aten::div.*", "aten::add.*", "aten::tanh",
-          "aten::sigmoid", "aten::relu", "aten::_unsafe_view", "aten::max_pool2d_with_indices",
-          "aten::avg_pool2d", "aten::silu", "aten::_scaled_dot_product_flash_attention_for_cpu",
-          "aten::masked_fill.*", "aten::clone"};
+      const std::vector<std::string> names{"aten::addmm",
+                                           "aten::mm",
+                                           "aten::bmm",
+                                           "aten::convolution",
+                                           "aten::gelu",
+                                           "aten::native_layer_norm",
+                                           "aten::native_batch_norm",
+                                           "aten::_softmax",
+                                           "aten::native_dropout",
+                                           "aten::mul.*",
+                                           "aten::div.*",
+                                           "aten::add.*",
+                                           "aten::tanh",
+                                           "aten::sigmoid",
+                                           "aten::relu",
+                                           "aten::_unsafe_view",
+                                           "aten::max_pool2d_with_indices",
+                                           "aten::avg_pool2d",
+                                           "aten::silu",
+                                           "aten::_scaled_dot_product_flash_attention_for_cpu",
+                                           "aten::masked_fill.*",
+                                           "aten::clone"};
       std::vector<std::string> chosen;
       for (const auto& name : names) {
         if (chance(rng, 0.3)) {
@@ -516,7 +531,8 @@ std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
     }
     return s.peak;
   };
-  auto predicted_or_refused = [&](const std::function<int64_t()>& predict) -> std::optional<int64_t> {
+  auto predicted_or_refused =
+      [&](const std::function<int64_t()>& predict) -> std::optional<int64_t> {
     try {
       return predict();
     } catch (const c10::Error& e) {

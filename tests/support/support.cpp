@@ -17,8 +17,7 @@ void expect_configured_mechanism() {
 
 std::vector<at::Tensor> run_and_grad(const std::function<at::Tensor()>& forward,
                                      const std::vector<at::Tensor>& inputs,
-                                     const std::vector<at::Tensor>& params,
-                                     uint64_t seed) {
+                                     const std::vector<at::Tensor>& params, uint64_t seed) {
   torch::manual_seed(seed);
   at::Tensor out = forward();
   std::vector<at::Tensor> wrt = inputs;

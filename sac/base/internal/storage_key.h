@@ -13,8 +13,7 @@ namespace sac {
 // The StorageImpl under `t`, or null for an undefined tensor or one without
 // storage (sparse, nested, ...).
 inline const c10::StorageImpl* storage_key(const at::Tensor& t) {
-  return t.defined() ? t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl()
-                     : nullptr;
+  return t.defined() ? t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl() : nullptr;
 }
 
 }  // namespace sac

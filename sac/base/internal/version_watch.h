@@ -36,13 +36,9 @@ class VersionWatch {
       : counter_(t.unsafeGetTensorImpl()->version_counter()),
         version_(counter_.enabled() ? counter_.current_version() : 0) {}
 
-  bool changed() const {
-    return counter_.enabled() && counter_.current_version() != version_;
-  }
+  bool changed() const { return counter_.enabled() && counter_.current_version() != version_; }
   uint32_t version() const { return version_; }
-  uint32_t current_version() const {
-    return counter_.enabled() ? counter_.current_version() : 0;
-  }
+  uint32_t current_version() const { return counter_.enabled() ? counter_.current_version() : 0; }
   const void* identity() const { return version_counter_identity(counter_); }
 
  private:

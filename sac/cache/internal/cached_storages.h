@@ -62,9 +62,9 @@ class CachedStorages {
 
  private:
   struct Info {
-    size_t slots = 0;   // slots on it
-    size_t held = 0;    // of which keep it on the device
-    size_t nbytes = 0;  // its size when first held
+    size_t slots = 0;                           // slots on it
+    size_t held = 0;                            // of which keep it on the device
+    size_t nbytes = 0;                          // its size when first held
     c10::SmallVector<VersionWatch, 1> watches;  // one per counter known on it (inline: usually one)
     // Taken when no slot keeps it on the device any more: until then a held
     // tensor keeps it alive.

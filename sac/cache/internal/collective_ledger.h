@@ -1,3 +1,5 @@
+// Note [The collective ledger]
+//
 // The collectives a checkpointed region's forward issued, in order, so that
 // its recomputation can only re-issue the same ones.
 //

@@ -1,3 +1,5 @@
+// Note [The selective modes]
+//
 // The caching mode (forward) and the cached mode (recomputation) of selective
 // activation checkpointing: how they work. Users make them with
 // create_selective_checkpoint_contexts (sac/cache/selective_modes.h).
@@ -17,7 +19,7 @@
 // Ops the policy does not decide about (see Policy::decides_about: views,
 // in-place ops, the ops PyTorch ignores, and for an op list every op not on
 // it) always run and are never recorded. That domain is the policy's alone,
-// not the dispatch layer's: under per-op kernels, another policy may make sac
+// not the dispatch floor's: under per-op kernels, another policy may make sac
 // intercept more ops after this region's forward ran, and the recomputation
 // must still replay the same calls.
 //
@@ -77,9 +79,7 @@ class SelectiveMode : public RegionContext, protected dispatch::OpInterceptor {
  protected:
   SelectiveMode(Policy policy, std::shared_ptr<OpCache> cache,
                 std::shared_ptr<RegionStatistics> statistics)
-      : policy_(std::move(policy)),
-        cache_(std::move(cache)),
-        statistics_(std::move(statistics)) {}
+      : policy_(std::move(policy)), cache_(std::move(cache)), statistics_(std::move(statistics)) {}
   virtual void on_outermost_enter() {}
   virtual void on_outermost_exit() {}
 
@@ -112,8 +112,7 @@ class CachingMode final : public SelectiveMode {
  public:
   // Offload answers copy outputs to `offload_to`. Counts into `statistics`
   // if not null.
-  CachingMode(Policy policy, std::shared_ptr<OpCache> cache,
-              std::shared_ptr<CopyTarget> offload_to,
+  CachingMode(Policy policy, std::shared_ptr<OpCache> cache, std::shared_ptr<CopyTarget> offload_to,
               std::shared_ptr<RegionStatistics> statistics = nullptr);
 
  private:
@@ -143,15 +142,14 @@ class CachingMode final : public SelectiveMode {
 
   std::shared_ptr<CopyTarget> offload_to_;
   std::unordered_set<std::string> tagged_names_;
-  RegionCounts counts_;  // this forward's, so far
-  NewStorages storages_;  // with statistics: returned by decided calls
+  RegionStatistics::Counts counts_;  // this forward's, so far
+  NewStorages storages_;             // with statistics: returned by decided calls
   int64_t output_bytes_ = 0;
 };
 
 class CachedMode final : public SelectiveMode {
  public:
-  CachedMode(Policy policy, std::shared_ptr<OpCache> cache,
-             bool allow_cache_entry_mutation,
+  CachedMode(Policy policy, std::shared_ptr<OpCache> cache, bool allow_cache_entry_mutation,
              std::shared_ptr<RegionStatistics> statistics = nullptr);
 
  private:
@@ -166,7 +164,7 @@ class CachedMode final : public SelectiveMode {
   bool allow_cache_entry_mutation_;
   PointerMap<size_t> next_call_;        // by dispatch::op_key
   PointerMap<size_t> next_collective_;  // by dispatch::op_key
-  RegionCounts pass_;  // this pass's, so far
+  RegionStatistics::Counts pass_;       // this pass's, so far
   std::chrono::steady_clock::time_point pass_started_;
 };
 

@@ -1,3 +1,5 @@
+// Note [The op cache]
+//
 // The outputs a selective-checkpointing forward keeps for its recomputation.
 //
 // Mirrors the storage of PyTorch's SAC: for each op, its calls in forward
@@ -96,8 +98,7 @@ class OpCache {
   // Records that the next call of `op` will be recomputed. While tracking
   // producers, `outputs` (held weakly) and `generator` are what keep_late
   // needs to keep the call after all; otherwise they are not kept.
-  void append_recompute(const c10::OperatorHandle& op,
-                        c10::ArrayRef<c10::IValue> outputs = {},
+  void append_recompute(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> outputs = {},
                         std::optional<GeneratorSnapshot> generator = std::nullopt);
 
   // Records the next call of `op` as saved: keeps a detached alias of each
@@ -106,8 +107,7 @@ class OpCache {
   // `offload_to`, each tensor it accepts is copied there now and its alias
   // dropped, so the device memory goes as soon as the forward is done with
   // it; a tensor it does not accept is kept as saved.
-  void append_saved(const c10::OperatorHandle& op,
-                    c10::ArrayRef<c10::IValue> outputs,
+  void append_saved(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> outputs,
                     std::optional<GeneratorSnapshot> generator,
                     std::shared_ptr<CopyTarget> offload_to = nullptr);
 
@@ -262,7 +262,7 @@ class OpCache {
 
    private:
     size_t count_ = 0;
-    size_t first_entry_ = 0;  // calls before it have no entry
+    size_t first_entry_ = 0;          // calls before it have no entry
     StableVector<uint32_t> entries_;  // from first_entry_ on
   };
 
@@ -286,8 +286,7 @@ class OpCache {
   static void shape_of(Call& call, c10::ArrayRef<c10::IValue> outputs, Tensors& tensors);
   // Keeps `call`'s slots (`tensors`, one per slot) and offloads those
   // `offload_to` accepts: the call is saved from now on.
-  void keep(Call& call, c10::ArrayRef<at::Tensor> tensors,
-            std::shared_ptr<CopyTarget> offload_to);
+  void keep(Call& call, c10::ArrayRef<at::Tensor> tensors, std::shared_ptr<CopyTarget> offload_to);
   void note_writes_on_kept(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> outputs);
   void watch_aliases_of_known(c10::ArrayRef<c10::IValue> values);
   // Forgets what only late decisions needed.
@@ -300,7 +299,7 @@ class OpCache {
   // how, or nullopt.
   std::optional<std::pair<size_t, std::string>> first_modified(const Call& call) const;
 
-  PointerMap<OpCalls> ops_;  // by dispatch::op_key
+  PointerMap<OpCalls> ops_;                   // by dispatch::op_key
   mutable const void* latest_key_ = nullptr;  // see calls_of
   mutable OpCalls* latest_calls_ = nullptr;
   StableVector<Call> calls_;  // the entries, in the order recorded

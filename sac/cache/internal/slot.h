@@ -41,14 +41,14 @@ struct Slot {
 
   bool offloaded() const { return copy.defined(); }
 
-  VersionWatch version;  // the output's own counter, since the op returned
+  VersionWatch version;                       // the output's own counter, since the op returned
   const c10::StorageImpl* storage = nullptr;  // its key in the storages, if any
   std::optional<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> returned;
   at::Tensor held;
   std::unique_ptr<torch::autograd::SavedVariableHooks> stashed;
   at::Tensor copy;
-  CopiedFrom from;
-  std::unique_ptr<IncomingCopy> incoming;
+  CopyTarget::Origin from;
+  std::unique_ptr<CopyTarget::Incoming> incoming;
 
  private:
   void unhold(CachedStorages& storages);

@@ -29,8 +29,7 @@ class ForwardState {
   // from the inputs: CUDA by default) and, if `preserve_rng`, the CPU
   // generator and the default generator of each accelerator device among
   // `inputs` (as PyTorch does, only those devices).
-  static ForwardState capture(const std::vector<at::Tensor>& inputs,
-                              bool preserve_rng);
+  static ForwardState capture(const std::vector<at::Tensor>& inputs, bool preserve_rng);
   // For a region without inputs: the CPU and, if this process has one,
   // every device of the accelerator (autocast: its type, else CUDA).
   static ForwardState capture_current(bool preserve_rng);
@@ -58,8 +57,7 @@ class ForwardState {
 
  private:
   static ForwardState capture_devices(c10::DeviceType autocast_device,
-                                      const std::vector<c10::Device>& devices,
-                                      bool preserve_rng);
+                                      const std::vector<c10::Device>& devices, bool preserve_rng);
 
   std::vector<GeneratorState> generators_;
   std::vector<AutocastSetting> autocast_;

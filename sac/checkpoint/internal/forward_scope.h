@@ -26,8 +26,8 @@ class ForwardScope {
   // ask for the active interceptor; under per-op kernels in-place ops are
   // shown to it too), the op log in debug mode, and the saved tensors'
   // origins with the value check.
-  ForwardScope(const char* name, std::shared_ptr<CheckpointFrame> frame,
-               const FrameConfig& config, const std::function<dispatch::OpObserver*()>& observer)
+  ForwardScope(const char* name, std::shared_ptr<CheckpointFrame> frame, const FrameConfig& config,
+               const std::function<dispatch::OpObserver*()>& observer)
       : profiler_(name), frame_(std::move(frame)) {
     hooks_.emplace(frame_->forward_hooks());
     context_.emplace(frame_->forward_context());
@@ -52,7 +52,7 @@ class ForwardScope {
   ProfilerScope profiler_;
   std::shared_ptr<CheckpointFrame> frame_;
   std::optional<SavedTensorHooksGuard> hooks_;
-  std::optional<ContextScope> context_;
+  std::optional<RegionContext::Scope> context_;
   std::optional<dispatch::ObserverGuard> observer_;
   std::optional<InPlaceReadsScope> in_place_reads_;
   std::optional<OpLogScope> log_;

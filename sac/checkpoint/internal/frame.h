@@ -42,7 +42,7 @@ struct FrameConfig {
   bool early_stop = true;
   bool determinism_check = true;
   bool value_check = false;  // DeterminismCheck::Values
-  std::string name;           // CheckpointOptions::name
+  std::string name;          // CheckpointOptions::name
   bool debug = false;
   bool debug_backtraces = false;
 };

@@ -1,3 +1,5 @@
+// Note [Watching tensors made outside]
+//
 // Tensors a checkpointed region reads but did not make.
 //
 // A recomputation runs the region's ops again on whatever its captured
@@ -50,10 +52,8 @@ class OutsideTensorWatch {
   class Recorder final : public dispatch::OpObserver {
    public:
     explicit Recorder(OutsideTensorWatch& watch) : watch_(watch) {}
-    void before_op(const dispatch::ObservedOp& call,
-                   c10::ArrayRef<c10::IValue> args) override;
-    void after_op(const dispatch::ObservedOp& call,
-                  c10::ArrayRef<c10::IValue> outputs) override;
+    void before_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> args) override;
+    void after_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> outputs) override;
 
    private:
     OutsideTensorWatch& watch_;
@@ -61,10 +61,8 @@ class OutsideTensorWatch {
   class Checker final : public dispatch::OpObserver {
    public:
     explicit Checker(const OutsideTensorWatch& watch) : watch_(watch) {}
-    void before_op(const dispatch::ObservedOp& call,
-                   c10::ArrayRef<c10::IValue> args) override;
-    void after_op(const dispatch::ObservedOp&,
-                  c10::ArrayRef<c10::IValue>) override {}
+    void before_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> args) override;
+    void after_op(const dispatch::ObservedOp&, c10::ArrayRef<c10::IValue>) override {}
 
    private:
     const OutsideTensorWatch& watch_;

@@ -17,9 +17,9 @@ namespace sac::detail {
 struct RecordedOp {
   std::string name;
   std::optional<c10::OperatorHandle> handle;  // none: not an op (a user's scope)
-  bool view = false;               // makes no values (a view, set_)
-  bool uninitialized = false;      // returns memory it does not write (aten::empty)
-  bool writes_argument = false;    // in-place or out= by its schema
+  bool view = false;                          // makes no values (a view, set_)
+  bool uninitialized = false;                 // returns memory it does not write (aten::empty)
+  bool writes_argument = false;               // in-place or out= by its schema
   // Arguments that hold state the op updates whatever its schema says (a
   // batch norm's running_mean and running_var): values that any run of such
   // an op, in any region or recomputation, may have changed.

@@ -67,7 +67,7 @@ struct SavedOrigin {
     const RecordedOp* op = nullptr;
     size_t call = 0;  // of `op` in the region
   };
-  std::optional<Call> made;         // the last op of the region that wrote its storage
+  std::optional<Call> made;           // the last op of the region that wrote its storage
   const RecordedOp* saver = nullptr;  // the op whose backward saves it, if one was running
   // A state argument of the saver (RecordedOp::state_arguments): its value
   // depends on how often such ops ran, which a recomputation changes.

@@ -39,8 +39,7 @@ std::vector<c10::OperatorHandle> registered_ops(
 // the running statistics of the legacy batch-norm ops (native_batch_norm,
 // cudnn_batch_norm, miopen_batch_norm), which write them in training
 // without saying so in their schema.
-bool writes_argument(const c10::OperatorHandle& op, size_t index,
-                     c10::ArrayRef<c10::IValue> args);
+bool writes_argument(const c10::OperatorHandle& op, size_t index, c10::ArrayRef<c10::IValue> args);
 
 // Calls `f` on each defined tensor in `value` (a tensor, an optional
 // tensor, or a list of them, nested), in order.

@@ -1,3 +1,5 @@
+// Note [The interceptor]
+//
 // Interception of aten ops below autograd.
 //
 // sac's modes must see each op *below* the Autograd and ADInplaceOrView keys:
@@ -37,8 +39,7 @@ class OpInterceptor {
   // `stack` holds the op's arguments; on return it must hold its outputs.
   // `below` is the key set that computes the op the ordinary way: pass it to
   // `run_op`.
-  virtual void intercept(const c10::OperatorHandle& op,
-                         c10::DispatchKeySet below,
+  virtual void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
                          torch::jit::Stack* stack) = 0;
 };
 
@@ -85,11 +86,9 @@ class OpObserver {
  public:
   virtual ~OpObserver() = default;
   // Before the op runs (or is served by the interceptor): its arguments.
-  virtual void before_op(const ObservedOp& call,
-                         c10::ArrayRef<c10::IValue> args) = 0;
+  virtual void before_op(const ObservedOp& call, c10::ArrayRef<c10::IValue> args) = 0;
   // After it returned normally: its outputs.
-  virtual void after_op(const ObservedOp& call,
-                        c10::ArrayRef<c10::IValue> outputs) = 0;
+  virtual void after_op(const ObservedOp& call, c10::ArrayRef<c10::IValue> outputs) = 0;
 };
 
 // Whether observers see every op dispatched on their thread, views, in-place
@@ -102,8 +101,8 @@ bool observers_see_every_op(std::string* reason = nullptr);
 // interceptor and observers active on this thread now, as if it were called
 // from where sac intercepts. Without `intercepted`, nothing sees it, nor the
 // ops its kernel calls. `intercepted` needs `observers_see_every_op()`.
-void call_op(const c10::OperatorHandle& op, c10::DispatchKeySet below,
-             bool intercepted, torch::jit::Stack* stack);
+void call_op(const c10::OperatorHandle& op, c10::DispatchKeySet below, bool intercepted,
+             torch::jit::Stack* stack);
 
 // Adds `observer` on this thread / removes it. Prefer `ObserverGuard`.
 void add_observer(OpObserver* observer);
@@ -113,9 +112,7 @@ bool is_observing(const OpObserver* observer);
 
 class ObserverGuard {
  public:
-  explicit ObserverGuard(OpObserver* observer) : observer_(observer) {
-    add_observer(observer_);
-  }
+  explicit ObserverGuard(OpObserver* observer) : observer_(observer) { add_observer(observer_); }
   ~ObserverGuard() { remove_observer(observer_); }
   ObserverGuard(const ObserverGuard&) = delete;
   ObserverGuard& operator=(const ObserverGuard&) = delete;
@@ -183,8 +180,7 @@ class CarryToEngineThreads {
 // RAII form of push_interceptor / pop_interceptor.
 class InterceptorGuard {
  public:
-  explicit InterceptorGuard(OpInterceptor* interceptor)
-      : token_(push_interceptor(interceptor)) {}
+  explicit InterceptorGuard(OpInterceptor* interceptor) : token_(push_interceptor(interceptor)) {}
   ~InterceptorGuard() { pop_interceptor(token_); }
   InterceptorGuard(const InterceptorGuard&) = delete;
   InterceptorGuard& operator=(const InterceptorGuard&) = delete;

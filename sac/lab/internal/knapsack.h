@@ -1,3 +1,5 @@
+// Note [The knapsack]
+//
 // The 0/1 knapsack behind budgeted policies: keep the op calls whose
 // recomputation costs the most time, within a byte budget.
 #pragma once

@@ -1,3 +1,5 @@
+// Note [Resolving op names]
+//
 // Turning op names written by people into operators, strictly.
 #pragma once
 

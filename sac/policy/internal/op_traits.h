@@ -1,3 +1,5 @@
+// Note [Cacheable ops]
+//
 // Which ops selective checkpointing may cache at all.
 //
 // These rules hold for every policy and every dispatch mechanism, so that an

@@ -1,3 +1,5 @@
+// Note [Ranks agree before a replay]
+//
 // What a region's forward communicated, so that its replay can communicate
 // again only when every rank of each group replays the same thing.
 //

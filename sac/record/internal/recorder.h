@@ -40,8 +40,7 @@ namespace sac::record {
 class Recorder final : public dispatch::OpObserver {
  public:
   // Makes the SavedVariable that keeps an outside tensor.
-  using SaveOutside =
-      std::function<torch::autograd::SavedVariable(const at::Tensor&)>;
+  using SaveOutside = std::function<torch::autograd::SavedVariable(const at::Tensor&)>;
 
   // Records into `recording`. `region_interceptor` is the interceptor active
   // on the thread when the region began (its selective mode, or null): calls
@@ -57,14 +56,11 @@ class Recorder final : public dispatch::OpObserver {
   // The region is over: forgets the tensors it identified.
   void finish();
 
-  void before_op(const dispatch::ObservedOp& call,
-                 c10::ArrayRef<c10::IValue> args) override;
-  void after_op(const dispatch::ObservedOp& call,
-                c10::ArrayRef<c10::IValue> outputs) override;
+  void before_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> args) override;
+  void after_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> outputs) override;
 
  private:
-  using WeakTensorImpl =
-      c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+  using WeakTensorImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
   // A tensor the recorder has named. The weak reference keeps the
   // TensorImpl's address from being reused by another tensor while it is
   // remembered (its memory is freed as usual).
@@ -117,8 +113,7 @@ class Recorder final : public dispatch::OpObserver {
   // An op or autograd reads `t`: its storage can no longer be made fresh.
   void note_read(const at::Tensor& t);
   void fill_if_changed(const at::Tensor& t, StorageState& state);
-  Argument record_argument(const c10::OperatorHandle& op, size_t index,
-                           const c10::IValue& arg);
+  Argument record_argument(const c10::OperatorHandle& op, size_t index, const c10::IValue& arg);
 
   Recording& recording_;
   const dispatch::OpInterceptor* region_interceptor_;

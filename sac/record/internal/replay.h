@@ -25,7 +25,6 @@ using MarkSink = std::function<void(size_t mark, const at::Tensor& value)>;
 // A value is kept from the step that makes it to the last step that reads
 // it, so the replay holds no more than the forward held of the same values.
 // Throws a c10::Error if a replayed op returns other tensors than it did.
-void replay(const Recording& recording, std::vector<at::Tensor> outside,
-            const MarkSink& on_mark);
+void replay(const Recording& recording, std::vector<at::Tensor> outside, const MarkSink& on_mark);
 
 }  // namespace sac::record

@@ -1,13 +1,19 @@
-"""sac: selective activation checkpointing in C++, for PyTorch.
+"""torch_sac: selective activation checkpointing in C++, for PyTorch.
 
     import torch
     from torch.utils.checkpoint import checkpoint
-    import sac
+    import torch_sac as sac
 
     ops = [torch.ops.aten.mm.default, torch.ops.aten.addmm.default]
     y = checkpoint(block, x, use_reentrant=False, context_fn=sac.context_fn(ops))
 
-`sac.create_selective_checkpoint_contexts` takes PyTorch's arguments and means
+The distribution is torch-sac and the package torch_sac: the name `sac` on
+the package index belongs to another project whose top-level package is also
+`sac`, and two distributions that install one top-level package overwrite
+each other's files. `import torch_sac as sac` keeps the C++ spelling
+(sac::checkpoint, sac.context_fn).
+
+`create_selective_checkpoint_contexts` takes PyTorch's arguments and means
 what PyTorch's does; its two modes are sac's C++ kernels below autograd
 instead of Python TorchDispatchModes, so a listed or unlisted op costs no trip
 into the interpreter. A policy is an op list, a Python function
@@ -19,38 +25,46 @@ which run in C++ throughout.
 `with sac.region(policy):` checkpoints the code inside it by recording and
 replaying its aten ops (sac::CheckpointRegion): no function to wrap.
 """
+from __future__ import annotations
+
 import collections
 import functools
 import itertools
+from typing import Any, Callable, ContextManager, Iterable, Optional, Sequence, Tuple, Union
 
 import torch
+import torch.utils.checkpoint
 from torch.utils.checkpoint import CheckpointPolicy
 
 from . import _built_with
 
 if torch.__version__ != _built_with.torch_version:
     raise ImportError(
-        f"sac was built against torch {_built_with.torch_version} but runs beside torch "
-        f"{torch.__version__}; reinstall it: pip install --no-build-isolation ./python")
+        f"torch_sac was built against torch {_built_with.torch_version} but runs beside torch "
+        f"{torch.__version__}; rebuild it beside this torch: "
+        f"pip install --no-build-isolation torch-sac (or the source tree's path)")
 
 from . import _C  # noqa: E402  (after torch: libtorch must be loaded first)
-from ._C import (  # noqa: E402,F401
+from ._C import (  # noqa: E402
     BudgetedPlan,
+    CheckpointRegion,
+    ExplainedCall,
     Explanation,
+    OpCallProfile,
     PeakPlan,
     Policy,
-    Profile,
-    Statistics,
+    RegionProfile,
+    RegionStatistics,
     StepPhases,
-    budgeted_plan,
-    budgeted_policy,
     all_of,
     any_of,
+    budgeted_plan,
+    budgeted_policy,
     compute_intensive_ops,
     dots_saveable,
     dots_with_no_batch_dims_saveable,
-    everything_saveable,
     every_nth,
+    everything_saveable,
     mechanism,
     never_recompute_collectives,
     nothing_saveable,
@@ -66,15 +80,50 @@ from ._C import (  # noqa: E402,F401
     torchtitan_default,
 )
 
+__all__ = [
+    # Checkpointing: PyTorch's contexts with sac's modes, and regions.
+    "CheckpointError", "CheckpointRegion", "context_fn", "create_selective_checkpoint_contexts",
+    "in_order", "mechanism", "region",
+    # Policies, built from op lists, functions, presets and combinators.
+    "Policy", "all_of", "answer_ops", "any_of", "as_policy", "compute_intensive_ops",
+    "dots_saveable", "dots_with_no_batch_dims_saveable", "every_nth", "everything_saveable",
+    "except_", "never_recompute_collectives", "nothing_saveable",
+    "offload_dot_with_no_batch_dims", "offload_if", "op_name", "outputs_larger_than",
+    "save_ops", "shape_deciding_op_names", "shape_deciding_ops", "torchtitan_default",
+    # Named values.
+    "save_and_offload_only_these_names", "save_any_names_but_these", "save_only_these_names",
+    "tag",
+    # The policy lab: profiles, explanations, budgets, a step's peak.
+    "BudgetedPlan", "ExplainedCall", "Explanation", "OpCallProfile", "PeakPlan",
+    "RegionProfile", "RegionStatistics", "StepPhases", "budgeted_plan", "budgeted_policy",
+    "explain", "measure_step_phases", "profile",
+]
+
 # sac's answers are PyTorch's, in the same order (the C++ side relies on it).
 if [p.name for p in CheckpointPolicy] != [
         "MUST_SAVE", "PREFER_SAVE", "MUST_RECOMPUTE", "PREFER_RECOMPUTE",
         "MUST_CPU_OFFLOAD", "PREFER_CPU_OFFLOAD"]:
-    raise ImportError(f"sac: torch {torch.__version__}'s CheckpointPolicy is "
+    raise ImportError(f"torch_sac: torch {torch.__version__}'s CheckpointPolicy is "
                       f"{list(CheckpointPolicy)}, not the six answers sac maps by position")
 
 
-def op_name(op):
+class CheckpointError(torch.utils.checkpoint.CheckpointError):
+    """A checkpointed region cannot be recomputed faithfully (sac::CheckpointError):
+    raised where PyTorch's checkpoint raises its CheckpointError, of which this
+    is a subclass, so `except torch.utils.checkpoint.CheckpointError` catches
+    both. See Note [CheckpointError in Python] in sac/base/internal/check.h."""
+
+
+_C._set_checkpoint_error(CheckpointError)
+
+#: An op as torch names it (torch.ops.aten.mm.default, torch.ops.aten.mm) or
+#: sac's name for it ("aten::mm", "aten::mm.default").
+Op = Union["torch._ops.OpOverload", "torch._ops.OpOverloadPacket", str]
+#: What PyTorch's create_selective_checkpoint_contexts takes, or a sac Policy.
+PolicyLike = Union[Policy, Sequence[Op], Callable[..., Union[CheckpointPolicy, bool]]]
+
+
+def op_name(op: Op) -> str:
     """sac's name for an op: "aten::mm.default" for torch.ops.aten.mm.default,
     "aten::add.*" (every overload) for the packet torch.ops.aten.add; a string
     is taken as it is ("aten::mm")."""
@@ -89,23 +138,23 @@ def op_name(op):
         f"(torch.ops.aten.mm.default), a packet (torch.ops.aten.mm) or a name ('aten::mm')")
 
 
-def save_ops(ops):
+def save_ops(ops: Iterable[Op]) -> Policy:
     """Saves the outputs of the listed ops and recomputes everything else."""
     return _C.save_ops([op_name(op) for op in ops])
 
 
-def answer_ops(ops, answer):
+def answer_ops(ops: Iterable[Op], answer: CheckpointPolicy) -> Policy:
     """Answers `answer` (a CheckpointPolicy) for the listed ops and
     PREFER_RECOMPUTE for everything else."""
     return _C.answer_ops([op_name(op) for op in ops], answer)
 
 
-def except_(policy, excluded):
+def except_(policy: PolicyLike, excluded: PolicyLike) -> Policy:
     """`policy`, but PREFER_RECOMPUTE wherever `excluded` keeps a value."""
     return _C.except_(as_policy(policy), as_policy(excluded))
 
 
-def as_policy(policy_fn_or_list):
+def as_policy(policy_fn_or_list: PolicyLike) -> Policy:
     """A sac.Policy from what PyTorch's create_selective_checkpoint_contexts
     takes (a list of ops, or a policy function) or a sac.Policy."""
     if isinstance(policy_fn_or_list, Policy):
@@ -119,21 +168,26 @@ def as_policy(policy_fn_or_list):
         f"{type(policy_fn_or_list).__name__}")
 
 
-def create_selective_checkpoint_contexts(policy_fn_or_list, allow_cache_entry_mutation=False,
-                                         *, statistics=None):
+def create_selective_checkpoint_contexts(
+        policy_fn_or_list: PolicyLike, allow_cache_entry_mutation: bool = False, *,
+        statistics: Optional[RegionStatistics] = None,
+) -> Tuple[ContextManager[Any], ContextManager[Any]]:
     """PyTorch's function of the same name, with sac's modes: returns the
     (caching, cached) pair of context managers that checkpoint's context_fn
     returns. Create one pair per checkpointed call. Under torch.compile it
     returns PyTorch's own pair with the same answers (see context_fn).
-    Both modes count into `statistics` (a sac.Statistics) if given."""
+    Both modes count into `statistics` (a sac.RegionStatistics) if given."""
     return _contexts(as_policy(policy_fn_or_list), allow_cache_entry_mutation,
                      _python_fn(policy_fn_or_list), statistics)
 
 
-def context_fn(policy_fn_or_list, allow_cache_entry_mutation=False, *, statistics=None):
+def context_fn(
+        policy_fn_or_list: PolicyLike, allow_cache_entry_mutation: bool = False, *,
+        statistics: Optional[RegionStatistics] = None,
+) -> Callable[[], Tuple[ContextManager[Any], ContextManager[Any]]]:
     """What `context_fn=` takes: a function returning a new pair of sac's
     modes per call. The policy is built (op names resolved) once, now. Every
-    pair counts into `statistics` (a sac.Statistics) if given.
+    pair counts into `statistics` (a sac.RegionStatistics) if given.
 
     Under torch.compile, Inductor plans recomputation from the tags that
     PyTorch's own modes put on the traced graph, so there the pair is
@@ -144,13 +198,16 @@ def context_fn(policy_fn_or_list, allow_cache_entry_mutation=False, *, statistic
                              statistics)
 
 
-def _python_fn(policy_fn_or_list):
+def _python_fn(policy_fn_or_list: PolicyLike) -> Optional[Callable[..., Any]]:
     if callable(policy_fn_or_list) and not isinstance(policy_fn_or_list, Policy):
         return policy_fn_or_list
     return None
 
 
-def _contexts(policy, allow_cache_entry_mutation, python_fn, statistics=None):
+def _contexts(policy: Policy, allow_cache_entry_mutation: bool,
+              python_fn: Optional[Callable[..., Any]],
+              statistics: Optional[RegionStatistics] = None,
+) -> Tuple[ContextManager[Any], ContextManager[Any]]:
     if torch.compiler.is_compiling():
         return torch.utils.checkpoint.create_selective_checkpoint_contexts(
             python_fn or _AsPyTorchPolicy(policy), allow_cache_entry_mutation)
@@ -164,19 +221,20 @@ class _AsPyTorchPolicy:
     mode asks, which under torch.compile is the traced graph's order and its
     ops (decomposed, functionalized), not eager's."""
 
-    def __init__(self, policy):
+    def __init__(self, policy: Policy) -> None:
         self._policy = policy
-        self._calls = collections.Counter()
+        self._calls: collections.Counter[Any] = collections.Counter()
 
-    def __call__(self, ctx, op, *args, **kwargs):
+    def __call__(self, ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
         call = self._calls[op]
         self._calls[op] += 1
         return _C.answer_for_pytorch(self._policy, op, args, kwargs, ctx.op_output, call)
 
 
-def region(policy=None, *, preserve_rng_state=True, debug=False,
-           allow_cache_entry_mutation=False, statistics=None, determinism_check="default",
-           name=""):
+def region(policy: Optional[PolicyLike] = None, *, preserve_rng_state: bool = True,
+           debug: bool = False, allow_cache_entry_mutation: bool = False,
+           statistics: Optional[RegionStatistics] = None, determinism_check: str = "default",
+           name: str = "") -> CheckpointRegion:
     """sac::CheckpointRegion for Python code: what runs inside
 
         with sac.region(policy=[torch.ops.aten.mm.default]):
@@ -189,7 +247,7 @@ def region(policy=None, *, preserve_rng_state=True, debug=False,
     mechanism (SAC_DISPATCH=fallback); under per-op kernels entering it is an
     error. Without a policy everything is recomputed. One `with` per
     sac.region(...) value. A selective region counts into `statistics` (a
-    sac.Statistics) if given. determinism_check="values" compares what the
+    sac.RegionStatistics) if given. determinism_check="values" compares what the
     replay saves with what the forward saved, value by value, and names the
     first that differs, the op that made it and the region (`name`)."""
     if not mechanism().startswith("fallback"):
@@ -199,25 +257,26 @@ def region(policy=None, *, preserve_rng_state=True, debug=False,
             f"{mechanism()}. Set SAC_DISPATCH=fallback before importing sac, or checkpoint "
             f"a function with torch.utils.checkpoint.checkpoint(fn, ..., use_reentrant=False, "
             f"context_fn=sac.context_fn(policy)), which works with either mechanism.")
-    return _C.Region(None if policy is None else as_policy(policy),
+    return CheckpointRegion(None if policy is None else as_policy(policy),
                      preserve_rng_state, debug, allow_cache_entry_mutation, statistics,
                      determinism_check, name)
 
 
-def profile(region, runs=3):
+def profile(region: Callable[[], Any], runs: int = 3) -> RegionProfile:
     """What the op calls of `region` (a function of no arguments, run `runs`
-    times as a plain forward) cost: a sac.Profile, whose calls are the
+    times as a plain forward) cost: a sac.RegionProfile, whose calls are the
     choices of a budgeted policy. Seed and restore what the runs change."""
     return _C.profile(region, runs)
 
 
-def explain(policy, region):
+def explain(policy: PolicyLike, region: Callable[[], Any]) -> Explanation:
     """What `policy` does with `region` (a function of no arguments, run once
     under the policy's caching mode), call by call: a sac.Explanation."""
     return _C.explain(as_policy(policy), region)
 
 
-def measure_step(step, *, live, peak, reset_peak):
+def measure_step_phases(step: Callable[[], Any], *, live: Callable[[], int],
+                        peak: Callable[[], int], reset_peak: Callable[[], Any]) -> StepPhases:
     """One training step (`step`: a function of no arguments that runs the
     forward and the backward), recorded allocation by allocation from c10's
     memory reporting, with each checkpointed region placed in it: a
@@ -234,7 +293,8 @@ def measure_step(step, *, live, peak, reset_peak):
     return _C.measure_step_phases(step, live=live, peak=peak, reset_peak=reset_peak)
 
 
-def in_order(policies, allow_cache_entry_mutation=False):
+def in_order(policies: Sequence[PolicyLike], allow_cache_entry_mutation: bool = False
+             ) -> Callable[[], Tuple[ContextManager[Any], ContextManager[Any]]]:
     """A context_fn for torch.utils.checkpoint that gives each checkpointed
     call the next of `policies` (a plan's, one per region, in the order the
     regions' forwards run), starting over after the last: for a model whose
@@ -245,7 +305,7 @@ def in_order(policies, allow_cache_entry_mutation=False):
         raise ValueError("sac.in_order: give at least one policy, one per region.")
     calls = itertools.count()
 
-    def context_fn():
+    def context_fn() -> Tuple[ContextManager[Any], ContextManager[Any]]:
         return _contexts(policies[next(calls) % len(policies)], allow_cache_entry_mutation,
                          None)
 
