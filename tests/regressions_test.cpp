@@ -268,7 +268,7 @@ TEST_F(Regressions, EarlyStopSurvivesUserCodeCatchingStdException) {
   EXPECT_EQ(swallowed, 1);
 }
 
-// 5. is in late_registration_test.cpp: it needs a process of its own.
+// 5. is in dispatch_late_registration_test.cpp: it needs a process of its own.
 
 // 6. A saved output modified in place in the forward is demoted to
 // recompute (with RecomputeDecisions::AskPolicy, since removed, the

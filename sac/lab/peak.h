@@ -18,7 +18,7 @@
 // there is held by the kept storage for as long as the recomputed one was.
 // So the prediction is the peak of the changed list: on the CPU it equals
 // the counting allocator's peak to the byte (tests/fuzz/peak_models.cpp
-// checks it on generated models, tests/peak_model_test.cpp on the shapes
+// checks it on generated models, tests/lab_peak_model_test.cpp on the shapes
 // that broke the first model).
 //
 // What the model does not cover is refused, not guessed: a measured step

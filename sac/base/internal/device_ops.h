@@ -4,7 +4,7 @@
 // host_memory() (copy_target.h) orders its copies only through this
 // interface, so that the order can be checked on a machine without an
 // accelerator: tests give host_memory(ops) a fake whose "device" tensors
-// are CPU tensors and which records each call (tests/device_order_test.cpp).
+// are CPU tensors and which records each call (tests/base_host_memory_test.cpp).
 // The real one, device_ops(), runs them through c10's VirtualGuardImpl for
 // the tensor's device type and the device's caching allocator.
 #pragma once

@@ -8,7 +8,7 @@
 
 #include <thread>
 
-namespace region_test {
+namespace checkpoint_region_test {
 
 using sac_test::error_of;
 using sac_test::expect_bit_identical;
@@ -621,4 +621,4 @@ TEST_F(RegionMemory, ReplayPeakIsNoHigherThanFunctionRerun) {
   }
 }
 
-}  // namespace region_test
+}  // namespace checkpoint_region_test

@@ -11,7 +11,7 @@
 
 #include <algorithm>
 
-namespace device_order_test {
+namespace base_host_memory_test {
 
 class FakeDevice final : public sac::DeviceOps {
  public:
@@ -223,4 +223,4 @@ TEST(DeviceOrder, TheRealTargetTakesAcceleratorTensorsOnly) {
   EXPECT_FALSE(target->accepts(torch::randn({2, 2}).to_sparse()));
 }
 
-}  // namespace device_order_test
+}  // namespace base_host_memory_test

@@ -8,7 +8,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
-namespace collective_ledger_test {
+namespace cache_collective_ledger_test {
 
 using sac_test::error_of;
 
@@ -92,4 +92,4 @@ TEST(CollectiveLedger, OnlyCommunicatingFunctionalCollectivesAreTracked) {
       sac::policy::is_collective(op_named("_c10d_functional_autograd::reduce_scatter_tensor")));
 }
 
-}  // namespace collective_ledger_test
+}  // namespace cache_collective_ledger_test

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace presets_test {
+namespace policy_presets_test {
 
 using sac::CheckpointPolicy;
 using sac_test::error_of;
@@ -286,4 +286,4 @@ TEST_F(Vocabulary, EveryPolicyGivesBitIdenticalGradientsThroughCheckpointAndScop
   }
 }
 
-}  // namespace presets_test
+}  // namespace policy_presets_test

@@ -6,7 +6,7 @@
 
 #include <thread>
 
-namespace scope_test {
+namespace checkpoint_scope_test {
 
 using sac_test::CountingAllocator;
 
@@ -111,4 +111,4 @@ TEST_F(Scope, RegionsWithoutOptionsUseTheScopes) {
   y.sum().backward();
 }
 
-}  // namespace scope_test
+}  // namespace checkpoint_scope_test

@@ -21,7 +21,7 @@
 #include <typeinfo>
 #include <vector>
 
-namespace faults_test {
+namespace checkpoint_faults_test {
 
 using sac_test::CountingAllocator;
 using sac_test::expect_bit_identical;
@@ -535,4 +535,4 @@ TEST_F(Faults, NestedRegionThrowsDuringOuterRecomputation) {
 INSTANTIATE_TEST_SUITE_P(Policies, FaultsPerPolicy,
                          ::testing::Values(Kind::Full, Kind::SaveOps, Kind::Callback), name_of);
 
-}  // namespace faults_test
+}  // namespace checkpoint_faults_test

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-namespace names_test {
+namespace policy_names_test {
 
 using sac_examples::HostArena;
 using sac_test::CountingAllocator;
@@ -484,4 +484,4 @@ TEST_F(Names, NamePoliciesTrainLikePlainAutogradThroughScopesAndWrappers) {
   expect_bit_identical(plain, wrapped);
 }
 
-}  // namespace names_test
+}  // namespace policy_names_test

@@ -3,7 +3,7 @@
 
 #include <sac/cache/internal/op_cache.h>
 
-namespace memory_test {
+namespace checkpoint_memory_test {
 
 using sac_test::CountingAllocator;
 
@@ -119,4 +119,4 @@ TEST_F(Memory, GptBlockKeepsOutputAndCacheOnly) {
   EXPECT_EQ(CountingAllocator::live_bytes(), base);
 }
 
-}  // namespace memory_test
+}  // namespace checkpoint_memory_test

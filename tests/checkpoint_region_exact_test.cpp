@@ -10,7 +10,7 @@
 
 #include "examples/host_arena.h"
 
-namespace region_exact_test {
+namespace checkpoint_region_exact_test {
 
 using sac_examples::HostArena;
 using sac_test::error_of;
@@ -168,4 +168,4 @@ TEST(RegionExact, OutsideTensorModifiedBeforeBackwardIsAnErrorInsideAnOffloadGua
   }
 }
 
-}  // namespace region_exact_test
+}  // namespace checkpoint_region_exact_test

@@ -6,7 +6,7 @@
 #include <sac/cache/internal/op_cache.h>
 #include <sac/dispatch/internal/placement.h>
 
-namespace fallback_taken_test {
+namespace dispatch_fallback_taken_test {
 
 void someone_elses_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
                             torch::jit::Stack* stack) {
@@ -43,4 +43,4 @@ TEST(FallbackKeyTaken, ForcingTheFallbackIsAnErrorAndAutoUsesPerOpKernels) {
   EXPECT_TRUE(torch::equal(expected, torch::autograd::grad({y.sum()}, {w})[0]));
 }
 
-}  // namespace fallback_taken_test
+}  // namespace dispatch_fallback_taken_test

@@ -4,7 +4,7 @@
 
 #include <sac/cache/internal/op_cache.h>
 
-namespace gradients_test {
+namespace checkpoint_gradients_test {
 
 using sac_test::expect_bit_identical;
 using sac_test::run_and_grad;
@@ -233,4 +233,4 @@ TEST(HiddenAliases, DemotionWarningNamesBothOps) {
   EXPECT_EQ(found, 1u) << "warnings: " << c10::Join(" | ", warnings.messages);
 }
 
-}  // namespace gradients_test
+}  // namespace checkpoint_gradients_test

@@ -6,7 +6,7 @@
 
 #include <torch/csrc/autograd/engine.h>
 
-namespace engine_test {
+namespace base_engine_test {
 
 // Stands in for Python's engine.
 struct OtherEngine : torch::autograd::Engine {
@@ -39,4 +39,4 @@ TEST(Engine, RefusesAnotherEngineAndInstallsOverTheBaseOne) {
   EXPECT_NE(message.find("replaced after sac installed"), std::string::npos) << message;
 }
 
-}  // namespace engine_test
+}  // namespace base_engine_test

@@ -12,7 +12,7 @@
 
 #include <atomic>
 
-namespace late_registration_test {
+namespace dispatch_late_registration_test {
 
 class LateRegistration : public ::testing::Test {
  protected:
@@ -56,4 +56,4 @@ TEST_F(LateRegistration, CallbackPolicyCreatedAfterARegionRan) {
   EXPECT_GT(asked.load(), 0);
 }
 
-}  // namespace late_registration_test
+}  // namespace dispatch_late_registration_test

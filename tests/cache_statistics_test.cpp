@@ -10,7 +10,7 @@
 
 #include <sstream>
 
-namespace statistics_test {
+namespace cache_statistics_test {
 
 using sac_test::CountingAllocator;
 using sac_test::error_of;
@@ -248,4 +248,4 @@ TEST_F(Statistics, CountTheRegionGuard) {
   EXPECT_GT(b.calls_served, 0u);
 }
 
-}  // namespace statistics_test
+}  // namespace cache_statistics_test

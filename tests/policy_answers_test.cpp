@@ -12,7 +12,7 @@
 #include <memory>
 #include <vector>
 
-namespace answers_test {
+namespace policy_answers_test {
 
 using sac_examples::HostArena;
 using sac_test::CountingAllocator;
@@ -358,4 +358,4 @@ TEST_F(Answers, NestedRegionsWithOffloadInsideAndSaveOutside) {
   EXPECT_EQ(kept, 2 * 16 * 32 * kFloat) << "the outer relus; the inner relu is recomputed";
 }
 
-}  // namespace answers_test
+}  // namespace policy_answers_test
