@@ -16,6 +16,9 @@ set -euo pipefail
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo_root"
 
+if [[ -z ${BAZEL:-} ]]; then
+  bash .ci/install bazel-bootstrap
+fi
 bazel_bin="${BAZEL:-bazel}"
 output_root="${SAC_BAZEL_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/sac-bazel}"
 mkdir -p "$output_root"

@@ -138,7 +138,7 @@ struct Point {
   bool identical = false;
   // The step's peak (forward + backward) over what was live before it,
   // predicted from the calls each block keeps (sac/lab/peak.h) and measured.
-  std::vector<std::vector<sac::KeptCall>> kept_calls;
+  std::vector<std::vector<sac::SavedCall>> saved_calls;
   int64_t predicted_peak = 0;
   int64_t measured_peak = 0;
 };
@@ -152,10 +152,10 @@ Point budget_point(const std::string& label, const std::string& kind,
                 label.c_str(), plan.gap_seconds * 1e3);
   }
   Point p{label, kind, plan.policies};
-  p.predicted_bytes = plan.kept_bytes;
+  p.predicted_bytes = plan.saved_bytes;
   p.predicted_recompute_ms = plan.recompute_seconds * 1e3;
   p.solver_ms = plan.solver_seconds * 1e3;
-  p.kept_calls = plan.kept_calls;
+  p.saved_calls = plan.saved_calls;
   return p;
 }
 
@@ -173,8 +173,8 @@ Point explained_point(const std::string& label, const sac::Policy& policy, const
     if (e.calls().size() != profiled.size()) {
       throw std::runtime_error("block " + std::to_string(i) + " ran different ops under " + label);
     }
-    p.predicted_bytes += e.kept_bytes();
-    p.kept_calls.push_back(e.kept_calls());
+    p.predicted_bytes += e.saved_bytes();
+    p.saved_calls.push_back(e.saved_calls());
     for (size_t c = 0; c < profiled.size(); ++c) {
       const auto outcome = e.calls()[c].outcome;
       if (outcome != sac::ExplainedCall::Outcome::Saved &&
@@ -314,7 +314,7 @@ void measure(std::vector<Point>& points, Gpt& model, const Batch& batch, int64_t
     const Step first = step(model, batch, &p.policies, statistics);
     p.measured_bytes = first.kept - baseline;
     p.measured_peak = first.peak;
-    p.predicted_peak = phases.predict_peak(p.kept_calls);
+    p.predicted_peak = phases.predict_peak(p.saved_calls);
     p.statistics_bytes = statistics->read().bytes_saved;
     p.identical = identical(first, reference);
   }

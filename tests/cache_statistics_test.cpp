@@ -104,7 +104,7 @@ TEST_F(Statistics, EqualCountedBytesAndExplainedCalls) {
     EXPECT_EQ(f.calls_saved, saved);
     EXPECT_EQ(f.calls_recomputed, recomputed);
     EXPECT_EQ(f.calls_demoted, demoted);
-    EXPECT_EQ(f.bytes_saved, e.kept_bytes());
+    EXPECT_EQ(f.bytes_saved, e.saved_bytes());
 
     const sac::RegionStatistics::Counts b = stats->read();
     EXPECT_EQ(b.recomputations, 1u);

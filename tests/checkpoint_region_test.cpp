@@ -5,6 +5,7 @@
 
 #include <sac/cache/internal/op_cache.h>
 #include <sac/dispatch/internal/interceptor.h>
+#include <sac/cache/internal/modes.h>
 
 #include <thread>
 
@@ -426,7 +427,7 @@ TEST(Region, EarlyStopEndsTheReplayAtTheLastSavedTensor) {
                        .context_fn([&cache, stats] {
                          auto contexts = sac::create_selective_checkpoint_contexts(
                              sac::everything_saveable(), false, nullptr, stats);
-                         cache = contexts.cache;
+                         cache = sac::cache_of(contexts);
                          return sac::RegionContexts(contexts);
                        })
                        .early_stop(early_stop);
@@ -435,10 +436,10 @@ TEST(Region, EarlyStopEndsTheReplayAtTheLastSavedTensor) {
       auto h = x.sin().exp();
       return ((h * 2) + 1).neg();
     });
-    EXPECT_EQ(cache->saved_calls(), 5u);
+    EXPECT_EQ(cache->kept_calls(), 5u);
     EXPECT_GT(cache->bytes(), 0u);
     y.sum().backward({}, /*retain_graph=*/true);
-    EXPECT_EQ(cache->saved_calls(), 0u);
+    EXPECT_EQ(cache->kept_calls(), 0u);
     EXPECT_EQ(cache->bytes(), 0u);
     return static_cast<int>(stats->read().calls_served);
   };
@@ -532,14 +533,14 @@ TEST_F(RegionMemory, SaveMatmulsKeepsExactlyTheMatmulOutputs) {
   {
     auto y = in_region(options, [&] { return mlp->forward(x); });
     const int64_t matmul_outputs = (3 * 8 * 64 + 8 * 16) * 4;
-    EXPECT_EQ(static_cast<int64_t>(modes.cache->bytes()), matmul_outputs);
+    EXPECT_EQ(static_cast<int64_t>(sac::cache_of(modes)->bytes()), matmul_outputs);
     EXPECT_EQ(live() - base, matmul_outputs);
     auto same = sac::checkpoint(
         sac::CheckpointOptions().policy(sac::Policy::save_ops({"aten::addmm"})),
         [&](const at::Tensor& in) { return mlp->forward(in); }, x);
     EXPECT_EQ(live() - base, 2 * matmul_outputs) << "sac::checkpoint keeps as much";
     torch::autograd::grad({y.sum()}, {x});
-    EXPECT_EQ(modes.cache->bytes(), 0u);
+    EXPECT_EQ(sac::cache_of(modes)->bytes(), 0u);
   }
   EXPECT_EQ(live(), base);
 }

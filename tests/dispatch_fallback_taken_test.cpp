@@ -5,6 +5,7 @@
 
 #include <sac/cache/internal/op_cache.h>
 #include <sac/dispatch/internal/placement.h>
+#include <sac/cache/internal/modes.h>
 
 namespace dispatch_fallback_taken_test {
 
@@ -39,7 +40,7 @@ TEST(FallbackKeyTaken, ForcingTheFallbackIsAnErrorAndAutoUsesPerOpKernels) {
   auto modes = sac::create_selective_checkpoint_contexts(sac::Policy::save_ops({"aten::mm"}));
   auto y = sac::checkpoint(
       sac::CheckpointOptions().context_fn([modes] { return sac::RegionContexts(modes); }), f, x);
-  EXPECT_EQ(modes.cache->saved_calls(), 2u);
+  EXPECT_EQ(sac::cache_of(modes)->kept_calls(), 2u);
   EXPECT_TRUE(torch::equal(expected, torch::autograd::grad({y.sum()}, {w})[0]));
 }
 

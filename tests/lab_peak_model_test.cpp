@@ -72,11 +72,11 @@ struct Regions {
     });
     return out;
   }
-  std::vector<std::vector<sac::KeptCall>> explained(const sac::Policy& policy) {
-    std::vector<std::vector<sac::KeptCall>> kept;
+  std::vector<std::vector<sac::SavedCall>> explained(const sac::Policy& policy) {
+    std::vector<std::vector<sac::SavedCall>> kept;
     forward([&](size_t, const Body& body, const at::Tensor& in) {
       at::Tensor y;
-      kept.push_back(sac::explain(policy, [&] { y = body(in); }).kept_calls());
+      kept.push_back(sac::explain(policy, [&] { y = body(in); }).saved_calls());
       return y;
     });
     return kept;

@@ -146,9 +146,9 @@ TEST_F(Lab, BudgetedPolicyKeepsWhatItPredictsWithinItsBudget) {
     SCOPED_TRACE(fraction);
     const auto plan = sac::budgeted_plan({p}, sac::Budget::fraction(fraction));
     EXPECT_TRUE(plan.exact);
-    EXPECT_LE(plan.kept_bytes, plan.budget_bytes);
+    EXPECT_LE(plan.saved_bytes, plan.budget_bytes);
     const Outcome out = run(block, x, plan.policies[0]);
-    EXPECT_EQ(out.kept - none.kept, plan.kept_bytes);
+    EXPECT_EQ(out.kept - none.kept, plan.saved_bytes);
     expect_bit_identical(expected, out.grads);
   }
 }
@@ -192,8 +192,8 @@ TEST_F(Lab, CallsSharingAStorageAreSavedTogether) {
   for (const double fraction : {0.0, 0.2, 0.4, 0.6, 0.8, 1.0}) {
     SCOPED_TRACE(fraction);
     const auto plan = sac::budgeted_plan({p}, sac::Budget::fraction(fraction));
-    EXPECT_LE(plan.kept_bytes, plan.budget_bytes);
-    EXPECT_EQ(kept_by(plan.policies[0], &grads) - none, plan.kept_bytes);
+    EXPECT_LE(plan.saved_bytes, plan.budget_bytes);
+    EXPECT_EQ(kept_by(plan.policies[0], &grads) - none, plan.saved_bytes);
     expect_bit_identical(expected, grads);
   }
 }
@@ -247,7 +247,7 @@ TEST_F(Lab, OffloadIsAChoiceForAcceleratorCalls) {
     const auto plan =
         sac::budgeted_plan({sac::RegionProfile(calls)}, sac::Budget::bytes(budget), offload);
     ASSERT_TRUE(plan.exact);
-    EXPECT_LE(plan.kept_bytes, budget);
+    EXPECT_LE(plan.saved_bytes, budget);
     EXPECT_NEAR(plan.recompute_seconds + plan.offload_seconds, best, 1e-12) << "trial " << trial;
     int64_t kept = 0, offloaded = 0;
     for (const auto& c : calls) {
@@ -260,7 +260,7 @@ TEST_F(Lab, OffloadIsAChoiceForAcceleratorCalls) {
         EXPECT_FALSE(sac::is_offload(answer));
       }
     }
-    EXPECT_EQ(kept, plan.kept_bytes);
+    EXPECT_EQ(kept, plan.saved_bytes);
     EXPECT_EQ(offloaded, plan.offloaded_bytes);
   }
   const std::string message = sac_test::error_of([] { sac::measure_offload_bandwidth(c10::kCPU); });
@@ -280,7 +280,7 @@ TEST_F(Lab, TwelveBlocksAreSolvedExactly) {
   for (const double fraction : {0.05, 0.2, 0.5, 0.8}) {
     const auto plan = sac::budgeted_plan(profiles, sac::Budget::fraction(fraction));
     EXPECT_TRUE(plan.exact) << fraction;
-    EXPECT_LE(plan.kept_bytes, plan.budget_bytes);
+    EXPECT_LE(plan.saved_bytes, plan.budget_bytes);
   }
 }
 
@@ -297,8 +297,8 @@ TEST_F(Lab, OneBudgetAcrossRegions) {
   const Outcome none_b = run(b, h, sac::nothing_saveable());
   const Outcome out_a = run(a, x, plan.policies[0]);
   const Outcome out_b = run(b, h, plan.policies[1]);
-  EXPECT_EQ(out_a.kept - none_a.kept + out_b.kept - none_b.kept, plan.kept_bytes);
-  EXPECT_LE(plan.kept_bytes, plan.budget_bytes);
+  EXPECT_EQ(out_a.kept - none_a.kept + out_b.kept - none_b.kept, plan.saved_bytes);
+  EXPECT_LE(plan.saved_bytes, plan.budget_bytes);
 }
 
 // explain's outcomes are what the caching mode does: the bytes it reports
@@ -319,7 +319,7 @@ TEST_F(Lab, ExplainReportsWhatTheCachingModeDoes) {
     torch::manual_seed(7);
     const sac::Explanation e = sac::explain(policy, [&] { block->forward(x); });
     const Outcome out = run(block, x, policy);
-    EXPECT_EQ(e.kept_bytes(), out.kept - none.kept);
+    EXPECT_EQ(e.saved_bytes(), out.kept - none.kept);
     EXPECT_EQ(e.offloaded_bytes(), 0);
     for (const auto& call : e.calls()) {
       if (call.profile.modified_later && call.answer.has_value()) {

@@ -215,7 +215,7 @@ TEST_F(Answers, OffloadToAnAcceleratorsHostMemory) {
 
 // ---- GraphExecGroup ------------------------------------------------------------
 
-// A region with two outputs whose backward calls need different saved
+// A region with two outputs whose backward passes need different saved
 // tensors; `runs` counts the function's runs (the forward and each
 // recomputation).
 struct TwoHeads {
@@ -248,7 +248,7 @@ TEST_F(Answers, GraphExecGroupRecomputesOnceForSeveralBackwardCalls) {
   auto out = without.forward();
   torch::autograd::grad({out[0]}, {without.w1}, {}, /*retain_graph=*/true);
   torch::autograd::grad({out[1]}, {without.w2});
-  EXPECT_EQ(without.runs, 3) << "each backward call recomputes";
+  EXPECT_EQ(without.runs, 3) << "each backward pass recomputes";
 
   TwoHeads grouped;
   out = grouped.forward();

@@ -8,6 +8,7 @@
 #include <sac/cache/internal/op_cache.h>
 #include <sac/nn/checkpoint_wrapper.h>
 #include <sac/policy/internal/tag_op.h>
+#include <sac/cache/internal/modes.h>
 
 #include <functional>
 #include <memory>
@@ -49,7 +50,7 @@ struct Chain {
 // output), the calls its cache kept, and [output, gradients].
 struct Outcome {
   int64_t kept = 0;
-  size_t saved_calls = 0;
+  size_t kept_calls = 0;
   std::vector<at::Tensor> grads;
 };
 
@@ -60,14 +61,14 @@ Outcome run(const std::function<at::Tensor(const at::Tensor&)>& fn,
   std::shared_ptr<sac::OpCache> cache;
   const auto options = sac::CheckpointOptions().context_fn([&]() -> sac::RegionContexts {
     auto contexts = sac::create_selective_checkpoint_contexts(policy, false, offload_to);
-    cache = contexts.cache;
+    cache = sac::cache_of(contexts);
     return contexts;
   });
   torch::manual_seed(0);
   const int64_t base = CountingAllocator::live_bytes();
   at::Tensor y = sac::checkpoint(options, fn, x);
   out.kept = CountingAllocator::live_bytes() - base - static_cast<int64_t>(y.nbytes());
-  out.saved_calls = cache->saved_calls();
+  out.kept_calls = cache->kept_calls();
   out.grads = torch::autograd::grad({y.sum()}, wrt);
   out.grads.insert(out.grads.begin(), y.detach());
   return out;
@@ -171,7 +172,7 @@ TEST_F(Names, SaveOnlyTheseNamesKeepsTheCallsThatReturnedTheNamedValues) {
     SCOPED_TRACE(names[0] + " of " + std::to_string(names.size()));
     const Outcome out = run(c, sac::save_only_these_names(names));
     EXPECT_EQ(out.kept, none.kept + bytes);
-    EXPECT_EQ(out.saved_calls, names.size());
+    EXPECT_EQ(out.kept_calls, names.size());
     expect_bit_identical(expected, out.grads);
   }
 }
@@ -189,7 +190,7 @@ TEST_F(Names, ATagOnAViewKeepsTheCallWhoseOutputItViews) {
   const Outcome none = run(fn, {c.x, c.w1, c.w2}, c.x, sac::nothing_saveable());
   const Outcome out = run(fn, {c.x, c.w1, c.w2}, c.x, sac::save_only_these_names({"h1"}));
   EXPECT_EQ(out.kept, none.kept + kH1);
-  EXPECT_EQ(out.saved_calls, 1u);
+  EXPECT_EQ(out.kept_calls, 1u);
   expect_bit_identical(expected, out.grads);
 }
 
@@ -206,7 +207,7 @@ TEST_F(Names, ATagKeepsEveryOutputOfItsCall) {
   const Outcome none = run(fn, {x, w}, x, sac::nothing_saveable());
   const Outcome out = run(fn, {x, w}, x, sac::save_only_these_names({"ln"}));
   EXPECT_EQ(out.kept, none.kept + (16 * 32 + 16 + 16) * kFloat);
-  EXPECT_EQ(out.saved_calls, 1u);
+  EXPECT_EQ(out.kept_calls, 1u);
   expect_bit_identical(expected, out.grads);
 }
 
@@ -217,7 +218,7 @@ TEST_F(Names, SaveAndOffloadOnlyTheseNamesSavesSomeAndOffloadsOthers) {
   auto arena = std::make_shared<HostArena>();
   const Outcome out = run(c, sac::save_and_offload_only_these_names({"h2"}, {"h1", "r"}), arena);
   EXPECT_EQ(out.kept, none.kept + kH2);
-  EXPECT_EQ(out.saved_calls, 3u);
+  EXPECT_EQ(out.kept_calls, 3u);
   EXPECT_EQ(arena->copies(), 2);
   EXPECT_EQ(arena->returns(), 2);
   EXPECT_EQ(arena->held(), 0) << "the backward freed the copies";
@@ -230,7 +231,7 @@ TEST_F(Names, SaveAnyNamesButTheseSavesTheOtherNamedValues) {
   const Outcome none = run(c, sac::nothing_saveable());
   const Outcome out = run(c, sac::save_any_names_but_these({"r"}));
   EXPECT_EQ(out.kept, none.kept + kH1 + kH2);
-  EXPECT_EQ(out.saved_calls, 2u);
+  EXPECT_EQ(out.kept_calls, 2u);
   expect_bit_identical(expected, out.grads);
 }
 
@@ -244,7 +245,7 @@ TEST_F(Names, AnyOfAddsNamedValuesToAnOpLevelPolicy) {
   const Outcome out =
       run(c, sac::any_of({sac::Policy::save_ops({"aten::mm"}), sac::save_only_these_names({"r"})}));
   EXPECT_EQ(out.kept, none.kept + kH1 + kR + kH2);
-  EXPECT_EQ(out.saved_calls, 3u);
+  EXPECT_EQ(out.kept_calls, 3u);
   expect_bit_identical(expected, out.grads);
   // A name the op-level policy keeps already changes nothing.
   const Outcome same = run(
@@ -263,7 +264,7 @@ TEST_F(Names, ExceptANameRecomputesWhatTheOpLevelPolicyKept) {
   const Outcome out =
       run(c, sac::except(sac::everything_saveable(), sac::save_only_these_names({"h1"})));
   EXPECT_EQ(out.kept, all.kept - kH1);
-  EXPECT_EQ(out.saved_calls, all.saved_calls - 1);
+  EXPECT_EQ(out.kept_calls, all.kept_calls - 1);
   expect_bit_identical(expected, out.grads);
   const Outcome mm =
       run(c, sac::except(sac::Policy::save_ops({"aten::mm"}), sac::save_only_these_names({"h2"})));
@@ -326,7 +327,7 @@ TEST_F(Names, AValueModifiedInPlaceAfterItsOpIsRecomputedWithAWarning) {
   Warnings warnings;
   const Outcome out = run(fn, {c.x, c.w1, c.w2}, c.x, sac::save_only_these_names({"bumped"}));
   EXPECT_EQ(out.kept, none.kept);
-  EXPECT_EQ(out.saved_calls, 0u);
+  EXPECT_EQ(out.kept_calls, 0u);
   EXPECT_EQ(warnings.count("value tagged 'bumped'"), 1u);
   EXPECT_EQ(warnings.count("modified in place"), 1u);
   expect_bit_identical(expected, out.grads);
@@ -345,7 +346,7 @@ TEST_F(Names, AValueModifiedThroughAnAliasIsRecomputedWithAWarning) {
   const auto expected = run_and_grad([&] { return fn(x3); }, {x3}, {c.w1}, 0);
   Warnings warnings;
   const Outcome out = run(fn, {x3, c.w1}, x3, sac::save_only_these_names({"through_alias"}));
-  EXPECT_EQ(out.saved_calls, 0u);
+  EXPECT_EQ(out.kept_calls, 0u);
   EXPECT_EQ(warnings.count("value tagged 'through_alias'"), 1u);
   expect_bit_identical(expected, out.grads);
 }
@@ -365,7 +366,7 @@ TEST_F(Names, ATagOnARegionInputChangesNothing) {
   const Outcome out =
       run(fn, {c.x, c.w1, c.w2}, c.x, sac::save_only_these_names({"input", "weight"}));
   EXPECT_EQ(out.kept, none.kept);
-  EXPECT_EQ(out.saved_calls, 0u);
+  EXPECT_EQ(out.kept_calls, 0u);
   EXPECT_TRUE(warnings.messages.empty());
   expect_bit_identical(expected, out.grads);
 }
@@ -396,7 +397,7 @@ TEST_F(Names, AGradInsideTheRegionUsesAndKeepsATaggedValue) {
   const Outcome none = run(fn, {c.x, c.w1, c.w2}, c.x, sac::nothing_saveable());
   const Outcome out = run(fn, {c.x, c.w1, c.w2}, c.x, sac::save_only_these_names({"h1"}));
   EXPECT_EQ(out.kept, none.kept + kH1);
-  EXPECT_EQ(out.saved_calls, 1u);
+  EXPECT_EQ(out.kept_calls, 1u);
   expect_bit_identical(expected, out.grads);
 }
 
@@ -414,7 +415,7 @@ TEST_F(Names, TagsInANestedRegionBelongToTheInnerPolicy) {
   Warnings warnings;
   const Outcome out =
       run(fn, {c.x, c.w1, c.w2}, c.x, sac::save_only_these_names({"outer_h2", "inner_only_r"}));
-  EXPECT_EQ(out.saved_calls, 1u) << "outer_h2";
+  EXPECT_EQ(out.kept_calls, 1u) << "outer_h2";
   EXPECT_EQ(warnings.count("asks for the name 'inner_only_r'"), 1u);
   EXPECT_EQ(warnings.count("'inner_r'"), 0u) << "the inner region tagged it";
   expect_bit_identical(expected, out.grads);
@@ -433,7 +434,7 @@ TEST_F(Names, AKeptRandomCallRestoresItsGenerator) {
   };
   const auto expected = run_and_grad([&] { return fn(c.x); }, {c.x}, {c.w1, c.w2}, 0);
   const Outcome out = run(fn, {c.x, c.w1, c.w2}, c.x, sac::save_only_these_names({"drop"}));
-  EXPECT_EQ(out.saved_calls, 1u);
+  EXPECT_EQ(out.kept_calls, 1u);
   expect_bit_identical(expected, out.grads);
 }
 

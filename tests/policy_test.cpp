@@ -9,6 +9,7 @@
 #include <sac/policy/internal/op_traits.h>
 #include <sac/policy/internal/answers.h>
 #include <sac/dispatch/internal/placement.h>
+#include <sac/cache/internal/modes.h>
 
 #include <torch/library.h>
 
@@ -386,9 +387,9 @@ TEST_F(PolicyTest, CachedModeServesForwardOutputWithoutRecomputing) {
     sac::RegionContext::Scope scope(modes.caching.get());
     y = a.mm(b);
   }
-  EXPECT_EQ(modes.cache->saved_calls(), 1u);
-  EXPECT_EQ(modes.cache->bytes(), static_cast<size_t>(y.numel()) * sizeof(float));
-  EXPECT_EQ(modes.cache->demoted_calls(), 0u);
+  EXPECT_EQ(sac::cache_of(modes)->kept_calls(), 1u);
+  EXPECT_EQ(sac::cache_of(modes)->bytes(), static_cast<size_t>(y.numel()) * sizeof(float));
+  EXPECT_EQ(sac::cache_of(modes)->demoted_calls(), 0u);
 
   at::Tensor y2;
   {
@@ -397,8 +398,8 @@ TEST_F(PolicyTest, CachedModeServesForwardOutputWithoutRecomputing) {
   }
   EXPECT_TRUE(torch::equal(y2, y));
   EXPECT_EQ(y2.data_ptr(), y.data_ptr()) << "recomputed instead of served from the cache";
-  EXPECT_EQ(modes.cache->saved_calls(), 0u);
-  EXPECT_EQ(modes.cache->bytes(), 0u);
+  EXPECT_EQ(sac::cache_of(modes)->kept_calls(), 0u);
+  EXPECT_EQ(sac::cache_of(modes)->bytes(), 0u);
 }
 
 TEST_F(PolicyTest, CachedModeRecomputesCallsThePolicyDidNotSave) {
@@ -413,7 +414,7 @@ TEST_F(PolicyTest, CachedModeRecomputesCallsThePolicyDidNotSave) {
     y = a.mm(b);
     z = at::addmm(bias, a, b);
   }
-  EXPECT_EQ(modes.cache->saved_calls(), 1u);
+  EXPECT_EQ(sac::cache_of(modes)->kept_calls(), 1u);
   at::Tensor y2, z2;
   {
     sac::RegionContext::Scope scope(modes.cached.get());
@@ -489,7 +490,7 @@ TEST_F(PolicyTest, CachedValueModifiedAfterForwardIsAnError) {
     sac::RegionContext::Scope scope(modes.caching.get());
     y = a.mm(b);
   }
-  EXPECT_EQ(modes.cache->saved_calls(), 1u);
+  EXPECT_EQ(sac::cache_of(modes)->kept_calls(), 1u);
   y.add_(1);
   sac::RegionContext::Scope scope(modes.cached.get());
   const auto msg = error_of([&] { a.mm(b); });
@@ -527,11 +528,11 @@ TEST_F(PolicyTest, CachedValueModifiedDuringForwardIsDemoted) {
     sac::RegionContext::Scope scope(modes.caching.get());
     auto y = a.mm(b);
     y.mul_(2);
-    EXPECT_EQ(modes.cache->saved_calls(), 1u);  // demoted only on exit
+    EXPECT_EQ(sac::cache_of(modes)->kept_calls(), 1u);  // demoted only on exit
   }
-  EXPECT_EQ(modes.cache->saved_calls(), 0u);
-  EXPECT_EQ(modes.cache->demoted_calls(), 1u);
-  EXPECT_EQ(modes.cache->bytes(), 0u);
+  EXPECT_EQ(sac::cache_of(modes)->kept_calls(), 0u);
+  EXPECT_EQ(sac::cache_of(modes)->demoted_calls(), 1u);
+  EXPECT_EQ(sac::cache_of(modes)->bytes(), 0u);
   // The demoted call is recomputed.
   at::Tensor y2;
   {
@@ -569,12 +570,12 @@ TEST_F(PolicyTest, ServedRandomOpRestoresGeneratorForLaterDraws) {
       [&] {
         auto y = sac::checkpoint(options, f, x);
         EXPECT_EQ(*draws, 2);
-        EXPECT_EQ(modes.cache->saved_calls(), 1u);
+        EXPECT_EQ(sac::cache_of(modes)->kept_calls(), 1u);
         return y;
       },
       {x}, {});
   expect_bit_identical(expected, actual);
-  EXPECT_EQ(modes.cache->saved_calls(), 0u) << "the saved draw was not served";
+  EXPECT_EQ(sac::cache_of(modes)->kept_calls(), 0u) << "the saved draw was not served";
 }
 
 // ---- Ops per-op kernels miss ------------------------------------------------------

@@ -8,9 +8,9 @@
 
 namespace record_test {
 
+using sac::record::Instruction;
 using sac::record::Recorder;
 using sac::record::Recording;
-using sac::record::Step;
 
 // Records what `f` runs (marking the tensors it returns, in order), then
 // replays the recording and returns the marked values of the replay.
@@ -19,10 +19,10 @@ struct Recorded {
   std::vector<at::Tensor> forward;   // what f returned
   std::vector<at::Tensor> replayed;  // the marks' values in replay
 
-  size_t count(Step::Kind kind) const {
+  size_t count(Instruction::Kind kind) const {
     size_t n = 0;
-    for (const auto& step : recording.steps) {
-      n += step.kind == kind;
+    for (const auto& instruction : recording.instructions) {
+      n += instruction.kind == kind;
     }
     return n;
   }
@@ -76,8 +76,8 @@ TEST(Record, ViewsAndInPlaceOpsAreCallsOnValues) {
     h.view({6, 4}).narrow(0, 1, 2).add_(1);  // writes h through a view
     return std::vector<at::Tensor>{h, h.t().sin()};
   });
-  EXPECT_EQ(r.count(Step::Kind::Outside), 1u) << r.recording.str();  // x
-  EXPECT_EQ(r.count(Step::Kind::Alias), 0u) << r.recording.str();
+  EXPECT_EQ(r.count(Instruction::Kind::Outside), 1u) << r.recording.str();  // x
+  EXPECT_EQ(r.count(Instruction::Kind::Alias), 0u) << r.recording.str();
   sac_test::expect_bit_identical(r.forward, r.replayed);
 }
 
@@ -91,7 +91,7 @@ TEST(Record, DataIsAnAliasOfTheValueItShares) {
     auto d = h.variable_data();
     return std::vector<at::Tensor>{(d * 3).cos() + h.detach()};
   });
-  EXPECT_EQ(r.count(Step::Kind::Alias), 1u) << r.recording.str();
+  EXPECT_EQ(r.count(Instruction::Kind::Alias), 1u) << r.recording.str();
   sac_test::expect_bit_identical({r.forward[0].detach()}, r.replayed);
 }
 

@@ -133,7 +133,7 @@ void add_lab(py::module_& m) {
   py::class_<BudgetedPlan>(m, "BudgetedPlan", "One budget shared by several regions.")
       .def_readonly("policies", &BudgetedPlan::policies)
       .def_readonly("budget_bytes", &BudgetedPlan::budget_bytes)
-      .def_readonly("kept_bytes", &BudgetedPlan::kept_bytes)
+      .def_readonly("saved_bytes", &BudgetedPlan::saved_bytes)
       .def_readonly("recompute_seconds", &BudgetedPlan::recompute_seconds)
       .def_readonly("exact", &BudgetedPlan::exact)
       .def_readonly("gap_seconds", &BudgetedPlan::gap_seconds)
@@ -165,7 +165,7 @@ void add_lab(py::module_& m) {
                              [](const ExplainedCall& c) { return outcome_name(c.outcome); });
   py::class_<Explanation>(m, "Explanation", "What a policy does with a region, call by call.")
       .def_property_readonly("calls", &Explanation::calls)
-      .def("kept_bytes", &Explanation::kept_bytes)
+      .def("saved_bytes", &Explanation::saved_bytes)
       .def("offloaded_bytes", &Explanation::offloaded_bytes)
       .def("recompute_seconds", &Explanation::recompute_seconds)
       .def("__str__", [](const Explanation& e) { return printed(e); });
@@ -192,9 +192,9 @@ void add_lab(py::module_& m) {
       .def(
           "predict_peak_of",
           [](const StepPhases& p, const std::vector<Explanation>& regions) {
-            std::vector<std::vector<KeptCall>> kept;
+            std::vector<std::vector<SavedCall>> kept;
             for (const Explanation& e : regions) {
-              kept.push_back(e.kept_calls());
+              kept.push_back(e.saved_calls());
             }
             return p.predict_peak(kept);
           },

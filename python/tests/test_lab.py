@@ -45,7 +45,7 @@ def test_an_explanation_and_the_statistics_agree():
     saved = [c for c in e.calls if c.outcome == "saved"]
     assert [c.profile.op for c in saved] == ["aten::mm"] * 3
     assert all(c.answer == CheckpointPolicy.MUST_SAVE for c in saved)
-    assert e.kept_bytes() == 3 * 16 * 48 * 4
+    assert e.saved_bytes() == 3 * 16 * 48 * 4
     assert "saved" in str(e)
 
     stats = sac.RegionStatistics()
@@ -53,7 +53,7 @@ def test_an_explanation_and_the_statistics_agree():
                      context_fn=sac.context_fn(policy, statistics=stats))
     counts = stats.read()
     assert (counts["forwards"], counts["calls_saved"], counts["bytes_saved"]) == \
-        (1, 3, e.kept_bytes())
+        (1, 3, e.saved_bytes())
     out.sum().backward()
     counts = stats.read()
     assert counts["recomputations"] == 1 and counts["calls_served"] == 3
@@ -115,7 +115,7 @@ def test_a_budgeted_policy_keeps_its_plan_exactly(architecture, fraction, counti
 
     plan = sac.budgeted_plan([sac.profile(forward, runs=1)], fraction=fraction)
     policy = plan.policies[0]
-    assert plan.exact and plan.kept_bytes <= plan.budget_bytes
+    assert plan.exact and plan.saved_bytes <= plan.budget_bytes
 
     runs = [("checkpoint", dict(context_fn=sac.context_fn(policy)),
              dict(context_fn=sac.context_fn(sac.nothing_saveable())))]
@@ -126,4 +126,4 @@ def test_a_budgeted_policy_keeps_its_plan_exactly(architecture, fraction, counti
         got, kept = whole_model_step(model, batch, count=counting, **budgeted)
         _, kept_full = whole_model_step(model, batch, count=counting, **full)
         models.assert_identical(got, expected, f"{what} with a budgeted policy")
-        assert kept - kept_full == plan.kept_bytes, (what, kept, kept_full, plan.kept_bytes)
+        assert kept - kept_full == plan.saved_bytes, (what, kept, kept_full, plan.saved_bytes)

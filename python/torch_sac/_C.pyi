@@ -57,7 +57,7 @@ class BudgetedPlan:
     """One budget shared by several regions."""
     policies: List[Policy]
     budget_bytes: int
-    kept_bytes: int
+    saved_bytes: int
     recompute_seconds: float
     exact: bool
     gap_seconds: float
@@ -75,7 +75,7 @@ class Explanation:
     """What a policy does with a region, call by call."""
     @property
     def calls(self) -> List[ExplainedCall]: ...
-    def kept_bytes(self) -> int: ...
+    def saved_bytes(self) -> int: ...
     def offloaded_bytes(self) -> int: ...
     def recompute_seconds(self) -> float: ...
 

@@ -84,6 +84,8 @@ __all__ = [
     # Checkpointing: PyTorch's contexts with sac's modes, and regions.
     "CheckpointError", "CheckpointRegion", "context_fn", "create_selective_checkpoint_contexts",
     "in_order", "mechanism", "region",
+    # Types of what the functions below take.
+    "Op", "PolicyLike",
     # Policies, built from op lists, functions, presets and combinators.
     "Policy", "all_of", "answer_ops", "any_of", "as_policy", "compute_intensive_ops",
     "dots_saveable", "dots_with_no_batch_dims_saveable", "every_nth", "everything_saveable",

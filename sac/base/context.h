@@ -56,7 +56,7 @@ struct RegionContexts {
   std::shared_ptr<RegionContext> recompute;
 };
 
-// Called once per checkpointed call, before its forward.
+// Called once per region, before its forward.
 using ContextFn = std::function<RegionContexts()>;
 
 }  // namespace sac

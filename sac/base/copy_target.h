@@ -29,7 +29,7 @@ class CopyTarget {
   class Incoming {
    public:
     virtual ~Incoming() = default;
-    // The tensor, ready for the work queued on its device after this call.
+    // The tensor, ready for the work queued on its device once this returns.
     virtual at::Tensor take() = 0;
   };
 
@@ -48,9 +48,9 @@ class CopyTarget {
   // `t`'s memory from being reused before its copy has read it.
   virtual at::Tensor copy_out(const at::Tensor& t) = 0;
   // `copy` back on `from.device`, with `from.strides`: an equal tensor,
-  // ready for the work queued after this call on the device.
+  // ready for the work queued on the device once this returns.
   virtual at::Tensor copy_back(const at::Tensor& copy, const Origin& from) = 0;
-  // copy_back in two steps, so that the copy overlaps the work queued
+  // copy_back in two parts, so that the copy overlaps the work queued
   // before `take()`; by default it copies back at once.
   virtual std::unique_ptr<Incoming> start_copy_back(const at::Tensor& copy, const Origin& from);
 };

@@ -31,7 +31,7 @@ struct CarriedHooks {
   std::shared_ptr<std::recursive_mutex> turns = std::make_shared<std::recursive_mutex>();
 };
 constexpr std::string_view kCarriedName = "sac::SavedTensorHooks";
-const c10::DebugInfoKind kCarriedSlot(&kCarriedName);
+const c10::DebugInfoKind kCarriedKind(&kCarriedName);
 
 class TakingTurns final : public torch::autograd::SavedVariableHooks {
  public:
@@ -68,7 +68,7 @@ class HookingEngine final : public torch::autograd::Engine {
     if (!tls_hooks.empty()) {
       return tls_hooks.back()();
     }
-    const CarriedHooks* carried = detail::carried<CarriedHooks>(kCarriedSlot);
+    const CarriedHooks* carried = detail::carried<CarriedHooks>(kCarriedKind);
     if (carried == nullptr) {
       return nullptr;
     }
@@ -90,7 +90,7 @@ class HookingEngine final : public torch::autograd::Engine {
     std::optional<CarriedGuard<CarriedHooks>> hooks;
     std::vector<SavedTensorHooksFactory> own;
     if (!tls_hooks.empty() && !tls_hidden) {
-      hooks.emplace(kCarriedSlot, CarriedHooks{tls_hooks.back()});
+      hooks.emplace(kCarriedKind, CarriedHooks{tls_hooks.back()});
       own = std::exchange(tls_hooks, {});
     }
     struct Restore {

@@ -9,19 +9,19 @@ namespace {
 thread_local TensorStash* tls_stash = nullptr;
 
 constexpr std::string_view kCarriedName = "sac::TensorStash";
-const c10::DebugInfoKind kCarriedSlot(&kCarriedName);
+const c10::DebugInfoKind kCarriedKind(&kCarriedName);
 }  // namespace
 
 TensorStash* current_stash() {
   if (tls_stash != nullptr) {
     return tls_stash;
   }
-  TensorStash** carried = detail::carried<TensorStash*>(kCarriedSlot);
+  TensorStash** carried = detail::carried<TensorStash*>(kCarriedKind);
   return carried == nullptr ? nullptr : *carried;
 }
 
 struct CarryStash::Carry {
-  explicit Carry(TensorStash* stash) : carry(kCarriedSlot, stash) {}
+  explicit Carry(TensorStash* stash) : carry(kCarriedKind, stash) {}
   detail::CarriedGuard<TensorStash*> carry;
 };
 

@@ -54,7 +54,7 @@ c10::IValue map_tensors(const c10::IValue& value, F&& f) {
 
 }  // namespace
 
-void OpCache::shape_of(Call& call, c10::ArrayRef<c10::IValue> outputs, Tensors& tensors) {
+void OpCache::shape_of(Entry& call, c10::ArrayRef<c10::IValue> outputs, Tensors& tensors) {
   call.plain = std::all_of(outputs.begin(), outputs.end(), [](const c10::IValue& output) {
     return output.isTensor() && output.toTensor().defined();
   });
@@ -88,7 +88,7 @@ OpCache::OpCalls& OpCache::calls_of(const c10::OperatorHandle& op) {
   return *latest_calls_;
 }
 
-const OpCache::OpCalls* OpCache::calls_recorded(const c10::OperatorHandle& op) const {
+const OpCache::OpCalls* OpCache::find_calls(const c10::OperatorHandle& op) const {
   const void* key = dispatch::op_key(op);
   if (key == latest_key_) {
     return latest_calls_;
@@ -101,10 +101,10 @@ const OpCache::OpCalls* OpCache::calls_recorded(const c10::OperatorHandle& op) c
   return calls;
 }
 
-OpCache::Call& OpCache::add(const c10::OperatorHandle& op) {
+OpCache::Entry& OpCache::add(const c10::OperatorHandle& op) {
   OpCalls& calls = calls_of(op);
-  Call& call = calls_.emplace_back(op, calls.size());
-  calls.push_back(static_cast<uint32_t>(calls_.size() - 1));
+  Entry& call = entries_.emplace_back(op, calls.size());
+  calls.push_back(static_cast<uint32_t>(entries_.size() - 1));
   return call;
 }
 
@@ -114,7 +114,7 @@ void OpCache::append_recompute(const c10::OperatorHandle& op, c10::ArrayRef<c10:
     calls_of(op).push_back(kRecomputed);
     return;
   }
-  Call& call = add(op);
+  Entry& call = add(op);
   Tensors defined;
   shape_of(call, outputs, defined);
   std::vector<at::Tensor> tensors(defined.begin(), defined.end());
@@ -130,12 +130,12 @@ void OpCache::append_recompute(const c10::OperatorHandle& op, c10::ArrayRef<c10:
   }
 }
 
-size_t OpCache::recorded_calls(const c10::OperatorHandle& op) const {
-  const OpCalls* calls = calls_recorded(op);
+size_t OpCache::calls_so_far(const c10::OperatorHandle& op) const {
+  const OpCalls* calls = find_calls(op);
   return calls == nullptr ? 0 : calls->size();
 }
 
-void OpCache::keep(Call& call, c10::ArrayRef<at::Tensor> tensors,
+void OpCache::keep(Entry& call, c10::ArrayRef<at::Tensor> tensors,
                    std::shared_ptr<CopyTarget> offload_to) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     call.slots[i].hold(tensors[i], storages_);
@@ -148,14 +148,14 @@ void OpCache::keep(Call& call, c10::ArrayRef<at::Tensor> tensors,
     }
     call.target = std::move(offload_to);
   }
-  call.state = Call::State::Saved;
-  ++saved_calls_;
+  call.state = Entry::State::Kept;
+  ++kept_calls_;
 }
 
-void OpCache::append_saved(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> outputs,
-                           std::optional<GeneratorSnapshot> generator,
-                           std::shared_ptr<CopyTarget> offload_to) {
-  Call& call = add(op);
+void OpCache::append_kept(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> outputs,
+                          std::optional<GeneratorSnapshot> generator,
+                          std::shared_ptr<CopyTarget> offload_to) {
+  Entry& call = add(op);
   Tensors tensors;
   shape_of(call, outputs, tensors);
   keep(call, tensors, std::move(offload_to));
@@ -181,20 +181,20 @@ std::optional<OpCache::Producer> OpCache::producer_of(const at::Tensor& t) const
   if (!producer.has_value()) {
     return std::nullopt;
   }
-  bool recorded = true;
-  const Call* call = find(producer->op, producer->index, recorded);
+  bool known = true;
+  const Entry* call = find(producer->op, producer->index, known);
   TORCH_INTERNAL_ASSERT(call != nullptr, "sac: a producer without its entry");
-  return Producer{producer->op, producer->index, call->state == Call::State::Saved};
+  return Producer{producer->op, producer->index, call->state == Entry::State::Kept};
 }
 
 std::optional<std::string> OpCache::keep_late(const Producer& producer,
                                               std::shared_ptr<CopyTarget> offload_to) {
-  TORCH_INTERNAL_ASSERT(recording_ && track_producers_, "sac: keep_late() while not tracking");
-  bool recorded = true;
-  Call* found = find(producer.op, producer.call, recorded);
+  TORCH_INTERNAL_ASSERT(filling_ && track_producers_, "sac: keep_late() while not tracking");
+  bool known = true;
+  Entry* found = find(producer.op, producer.call, known);
   TORCH_INTERNAL_ASSERT(found != nullptr, "sac: keep_late() of a call without its entry");
-  Call& call = *found;
-  TORCH_INTERNAL_ASSERT(call.state == Call::State::Recompute);
+  Entry& call = *found;
+  TORCH_INTERNAL_ASSERT(call.state == Entry::State::Recompute);
   std::vector<at::Tensor> tensors;
   for (size_t index = 0; index < call.slots.size(); ++index) {
     Slot& slot = call.slots[index];
@@ -224,26 +224,26 @@ std::optional<std::string> OpCache::keep_late(const Producer& producer,
 }
 
 void OpCache::recompute_late(const Producer& producer) {
-  TORCH_INTERNAL_ASSERT(recording_ && track_producers_, "sac: recompute_late() while not tracking");
-  bool recorded = true;
-  Call* found = find(producer.op, producer.call, recorded);
+  TORCH_INTERNAL_ASSERT(filling_ && track_producers_, "sac: recompute_late() while not tracking");
+  bool known = true;
+  Entry* found = find(producer.op, producer.call, known);
   TORCH_INTERNAL_ASSERT(found != nullptr, "sac: recompute_late() of a call without its entry");
-  Call& call = *found;
-  TORCH_INTERNAL_ASSERT(call.state == Call::State::Saved);
+  Entry& call = *found;
+  TORCH_INTERNAL_ASSERT(call.state == Entry::State::Kept);
   for (const Slot& slot : call.slots) {
     if (slot.storage != nullptr) {
       producers_.forget(slot.storage);
     }
   }
   drop(call);
-  call.state = Call::State::Recompute;
+  call.state = Entry::State::Recompute;
 }
 
 void OpCache::stop_tracking() {
   track_producers_ = false;
   producers_.clear();
-  for (Call& call : calls_) {
-    if (call.state == Call::State::Recompute) {
+  for (Entry& call : entries_) {
+    if (call.state == Entry::State::Recompute) {
       call.outputs.clear();
       call.defined.clear();
       call.slots.clear();
@@ -252,7 +252,7 @@ void OpCache::stop_tracking() {
   }
 }
 
-std::optional<std::pair<size_t, std::string>> OpCache::first_modified(const Call& call) const {
+std::optional<std::pair<size_t, std::string>> OpCache::first_modified(const Entry& call) const {
   for (size_t index = 0; index < call.slots.size(); ++index) {
     const Slot& slot = call.slots[index];
     if (slot.version.changed()) {
@@ -266,8 +266,8 @@ std::optional<std::pair<size_t, std::string>> OpCache::first_modified(const Call
 }
 
 void OpCache::demote_modified() {
-  for (Call& call : calls_) {
-    if (call.state != Call::State::Saved) {
+  for (Entry& call : entries_) {
+    if (call.state != Entry::State::Kept) {
       continue;
     }
     const auto modified = first_modified(call);
@@ -277,7 +277,7 @@ void OpCache::demote_modified() {
     demotions_.push_back({call.op.operator_name(), call.index,
                           storages_.writer(call.slots[modified->first].storage)});
     drop(call);
-    call.state = Call::State::Recompute;
+    call.state = Entry::State::Recompute;
   }
 }
 
@@ -293,14 +293,14 @@ void OpCache::note_writes_on_kept(const c10::OperatorHandle& op,
   }
 }
 
-void OpCache::begin_recording(bool track_producers) {
-  recording_ = true;
+void OpCache::begin_forward(bool track_producers) {
+  filling_ = true;
   track_producers_ = track_producers;
   collectives_.clear();
 }
 
-void OpCache::end_recording() {
-  recording_ = false;
+void OpCache::end_forward() {
+  filling_ = false;
   if (track_producers_) {
     stop_tracking();
   }
@@ -312,14 +312,14 @@ OpCache::Summary OpCache::summary() const {
   ops_.for_each([&](const void*, const OpCalls& calls) {
     for (size_t index = 0; index < calls.size(); ++index) {
       const uint32_t entry = calls[index];
-      if (entry == kRecomputed || calls_[entry].state == Call::State::Recompute) {
+      if (entry == kRecomputed || entries_[entry].state == Entry::State::Recompute) {
         ++summary.recompute_calls;
         continue;
       }
-      const Call& call = calls_[entry];
+      const Entry& call = entries_[entry];
       const bool offloaded = std::any_of(call.slots.begin(), call.slots.end(),
                                          [](const Slot& slot) { return slot.offloaded(); });
-      ++(offloaded ? summary.offloaded_calls : summary.kept_calls);
+      ++(offloaded ? summary.offloaded_calls : summary.saved_calls);
     }
   });
   summary.offloaded_bytes = storages_.bytes_off_device();
@@ -327,9 +327,9 @@ OpCache::Summary OpCache::summary() const {
 }
 
 void OpCache::stash(TensorStash& stash) {
-  TORCH_INTERNAL_ASSERT(!recording_, "sac: stash() of a cache still recording");
-  for (Call& call : calls_) {
-    if (call.state != Call::State::Saved) {
+  TORCH_INTERNAL_ASSERT(!filling_, "sac: stash() of a cache still filling");
+  for (Entry& call : entries_) {
+    if (call.state != Entry::State::Kept) {
       continue;
     }
     for (auto& slot : call.slots) {
@@ -343,11 +343,11 @@ void OpCache::stash(TensorStash& stash) {
 void OpCache::prefetch() {
   // A recomputation during the forward (a backward inside it) stops at the
   // forward's point so far: it would not take what lies past it.
-  if (recording_) {
+  if (filling_) {
     return;
   }
-  for (Call& call : calls_) {
-    if (call.state != Call::State::Saved || call.target == nullptr) {
+  for (Entry& call : entries_) {
+    if (call.state != Entry::State::Kept || call.target == nullptr) {
       continue;
     }
     for (auto& slot : call.slots) {
@@ -356,7 +356,7 @@ void OpCache::prefetch() {
   }
 }
 
-std::vector<c10::IValue> OpCache::outputs_of(Call& call, bool consume) {
+std::vector<c10::IValue> OpCache::outputs_of(Entry& call, bool consume) {
   if (call.plain) {
     std::vector<c10::IValue> outputs;
     outputs.reserve(call.slots.size());
@@ -379,47 +379,46 @@ std::vector<c10::IValue> OpCache::outputs_of(Call& call, bool consume) {
   return outputs;
 }
 
-const OpCache::Call* OpCache::find(const c10::OperatorHandle& op, size_t call,
-                                   bool& recorded) const {
-  const OpCalls* calls = calls_recorded(op);
+const OpCache::Entry* OpCache::find(const c10::OperatorHandle& op, size_t call, bool& known) const {
+  const OpCalls* calls = find_calls(op);
   const size_t count = calls == nullptr ? 0 : calls->size();
-  recorded = call < count;
-  if (recorded) {
+  known = call < count;
+  if (known) {
     const uint32_t entry = (*calls)[call];
-    return entry == kRecomputed ? nullptr : &calls_[entry];
+    return entry == kRecomputed ? nullptr : &entries_[entry];
   }
-  if (recording_) {
+  if (filling_) {
     return nullptr;
   }
-  const size_t recorded_calls = count;
-  SAC_CHECKPOINT_CHECK(recorded_calls > 0, "sac: ", op.operator_name(),
+  const size_t calls_so_far = count;
+  SAC_CHECKPOINT_CHECK(calls_so_far > 0, "sac: ", op.operator_name(),
                        " ran during recomputation but never in the checkpointed "
                        "forward. ",
                        kMismatchHint);
   SAC_CHECKPOINT_CHECK(false, "sac: ", op.operator_name(), " ran at least ", call + 1,
-                       " times during recomputation but only ", recorded_calls,
+                       " times during recomputation but only ", calls_so_far,
                        " times in the checkpointed forward. ", kMismatchHint);
 }
 
 bool OpCache::cached(const c10::OperatorHandle& op, size_t call) const {
-  bool recorded = false;
-  const Call* found = find(op, call, recorded);
-  return found != nullptr && found->state != Call::State::Recompute &&
-         // Modified already: end_recording will demote it.
-         !(recording_ && first_modified(*found).has_value());
+  bool known = false;
+  const Entry* found = find(op, call, known);
+  return found != nullptr && found->state != Entry::State::Recompute &&
+         // Modified already: end_forward will demote it.
+         !(filling_ && first_modified(*found).has_value());
 }
 
 OpCache::Served OpCache::take(const c10::OperatorHandle& op, size_t index, bool allow_mutation) {
-  bool recorded = false;
-  Call* found = find(op, index, recorded);
-  TORCH_INTERNAL_ASSERT(found != nullptr, "sac: take() of a call not recorded");
-  Call& call = *found;
-  if (recording_) {
+  bool known = false;
+  Entry* found = find(op, index, known);
+  TORCH_INTERNAL_ASSERT(found != nullptr, "sac: take() of a call not in the cache");
+  Entry& call = *found;
+  if (filling_) {
     // The backward after the forward needs them too: hand out new aliases.
-    TORCH_INTERNAL_ASSERT(call.state == Call::State::Saved);
+    TORCH_INTERNAL_ASSERT(call.state == Entry::State::Kept);
     return {outputs_of(call, /*consume=*/false), call.generator};
   }
-  SAC_CHECKPOINT_CHECK(call.state != Call::State::Served,
+  SAC_CHECKPOINT_CHECK(call.state != Entry::State::Served,
                        "sac: Trying to backward an extra time through a region "
                        "checkpointed with a selective policy: the outputs cached for ",
                        op.operator_name(), " (call ", index,
@@ -429,7 +428,7 @@ OpCache::Served OpCache::take(const c10::OperatorHandle& op, size_t index, bool 
                        "recomputation allows retain_graph). A backward inside another "
                        "(torch::autograd::grad in a custom Function's backward) that "
                        "needs a tensor saved in the region is another backward too.");
-  TORCH_INTERNAL_ASSERT(call.state == Call::State::Saved);
+  TORCH_INTERNAL_ASSERT(call.state == Entry::State::Kept);
   if (!allow_mutation) {
     const auto modified = first_modified(call);
     SAC_CHECKPOINT_CHECK(!modified.has_value(), "sac: a tensor cached for ", op.operator_name(),
@@ -445,18 +444,18 @@ OpCache::Served OpCache::take(const c10::OperatorHandle& op, size_t index, bool 
   }
   Served served{outputs_of(call, /*consume=*/true), std::move(call.generator)};
   drop(call);
-  call.state = Call::State::Served;
+  call.state = Entry::State::Served;
   return served;
 }
 
 void OpCache::release_untaken() {
-  if (recording_) {
+  if (filling_) {
     return;  // the backward after the forward takes them
   }
-  for (Call& call : calls_) {
-    if (call.state == Call::State::Saved) {
+  for (Entry& call : entries_) {
+    if (call.state == Entry::State::Kept) {
       drop(call);
-      call.state = Call::State::Served;
+      call.state = Entry::State::Served;
     }
   }
 }
@@ -465,14 +464,14 @@ void OpCache::clear() {
   ops_.clear();
   latest_key_ = nullptr;
   latest_calls_ = nullptr;
-  calls_.clear();
+  entries_.clear();
   storages_.clear();
   producers_.clear();
-  saved_calls_ = 0;
+  kept_calls_ = 0;
   collectives_.clear();
 }
 
-void OpCache::drop(Call& call) {
+void OpCache::drop(Entry& call) {
   for (auto& slot : call.slots) {
     slot.release(storages_);
   }
@@ -481,7 +480,7 @@ void OpCache::drop(Call& call) {
   call.slots.clear();
   call.generator.reset();
   call.target.reset();
-  --saved_calls_;
+  --kept_calls_;
 }
 
 }  // namespace sac

@@ -11,12 +11,12 @@ void Producers::note(const c10::OperatorHandle& op, size_t index,
   for (const at::Tensor& t : tensors) {
     if (t.has_storage()) {
       storages_.insert_or_assign(storage_key(t),
-                                 Info{Call{op, index}, t.storage().getWeakStorageImpl(), {}});
+                                 Info{CallId{op, index}, t.storage().getWeakStorageImpl(), {}});
     }
   }
 }
 
-std::optional<Producers::Call> Producers::of(const at::Tensor& t) const {
+std::optional<Producers::CallId> Producers::of(const at::Tensor& t) const {
   const auto it = storages_.find(storage_key(t));
   if (it == storages_.end()) {
     return std::nullopt;

@@ -128,7 +128,7 @@ void CachingMode::on_outermost_enter() {
                                "needs it. Create a new pair for each region: a context_fn should "
                                "call create_selective_checkpoint_contexts each time it is called "
                                "(or use CheckpointOptions::policy, which does).");
-  cache_->begin_recording(/*track_producers=*/policy_.domain().tags);
+  cache_->begin_forward(/*track_producers=*/policy_.domain().tags);
   tagged_names_.clear();
   counts_ = RegionStatistics::Counts();
   storages_.clear();
@@ -137,10 +137,10 @@ void CachingMode::on_outermost_enter() {
 
 void CachingMode::on_outermost_exit() {
   report_untagged_names();
-  cache_->end_recording();
+  cache_->end_forward();
   report_demotions();
   if (detail::RegionEvents* events = detail::region_events()) {
-    events->outputs_kept(cache_->saved_calls() + cache_->demoted_calls());
+    events->outputs_kept(cache_->kept_calls() + cache_->demoted_calls());
   }
   if (statistics_ != nullptr) {
     add_statistics();
@@ -175,7 +175,7 @@ void CachingMode::intercept(const c10::OperatorHandle& op, c10::DispatchKeySet b
   const auto outputs = outputs_on(op, *stack);
   std::optional<GeneratorSnapshot> after =
       facts.random ? snapshot_after(std::move(generator), outputs) : std::nullopt;
-  const SelectiveCheckpointContext ctx{/*is_recompute=*/false, outputs, cache_->recorded_calls(op)};
+  const SelectiveCheckpointContext ctx{/*is_recompute=*/false, outputs, cache_->calls_so_far(op)};
   const CheckpointPolicy answer = policy_.decide(ctx, op, inputs);
   if (facts.tag) {
     ++counts_.tags;
@@ -205,7 +205,7 @@ void CachingMode::intercept(const c10::OperatorHandle& op, c10::DispatchKeySet b
                        "calls reach the policy. Use the fallback-key mechanism "
                        "(SAC_DISPATCH=fallback) to see every call. Reported once per op."));
   }
-  cache_->append_saved(op, outputs, std::move(after), is_offload(answer) ? offload_to_ : nullptr);
+  cache_->append_kept(op, outputs, std::move(after), is_offload(answer) ? offload_to_ : nullptr);
   cache_->watch_aliases(inputs);
 }
 
@@ -261,7 +261,7 @@ void CachingMode::count_bytes(c10::ArrayRef<c10::IValue> outputs) {
 void CachingMode::add_statistics() {
   const OpCache::Summary summary = cache_->summary();
   counts_.forwards = 1;
-  counts_.calls_saved = summary.kept_calls;
+  counts_.calls_saved = summary.saved_calls;
   counts_.calls_offloaded = summary.offloaded_calls;
   // The cache records each tag as a recompute call.
   counts_.calls_recomputed = summary.recompute_calls - counts_.tags;
@@ -371,8 +371,14 @@ SelectiveCheckpointContexts create_selective_checkpoint_contexts(
   }
   return {std::make_shared<CachingMode>(policy, cache, std::move(offload_to), statistics),
           std::make_shared<CachedMode>(policy, cache, allow_cache_entry_mutation,
-                                       std::move(statistics)),
-          cache};
+                                       std::move(statistics))};
+}
+
+std::shared_ptr<OpCache> cache_of(const SelectiveCheckpointContexts& modes) {
+  const auto* mode = dynamic_cast<const SelectiveMode*>(modes.caching.get());
+  TORCH_INTERNAL_ASSERT(mode != nullptr,
+                        "sac: cache_of() takes the modes of create_selective_checkpoint_contexts");
+  return mode->shared_cache();
 }
 
 }  // namespace sac

@@ -19,17 +19,13 @@
 
 namespace sac {
 
-class OpCache;
-
-// The two modes sharing one cache. Converts to the `RegionContexts` that a
+// The two modes, sharing one cache (Note [The op cache]). Converts to the `RegionContexts` that a
 // `ContextFn` returns; each mode can also be entered on its own with a
 // `RegionContext::Scope`. One pair serves one checkpointed region: a context_fn
-// should create a new pair per call, as PyTorch's does.
+// should create a new pair per region, as PyTorch's does.
 struct SelectiveCheckpointContexts {
   std::shared_ptr<RegionContext> caching;  // around the forward
   std::shared_ptr<RegionContext> cached;   // around the recomputation
-  // What they share (Note [The op cache]).
-  std::shared_ptr<OpCache> cache;
 
   operator RegionContexts() const { return {caching, cached}; }
 };

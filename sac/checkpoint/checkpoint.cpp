@@ -5,12 +5,12 @@
 
 namespace sac::detail {
 
-struct CheckpointedCall::Active {
+struct RegionForward::Active {
   std::optional<ForwardScope> forward;
 };
 
-CheckpointedCall::CheckpointedCall(const CheckpointOptions& options,
-                                   const std::vector<at::Tensor>& inputs, RecomputeFn recompute)
+RegionForward::RegionForward(const CheckpointOptions& options,
+                             const std::vector<at::Tensor>& inputs, RecomputeFn recompute)
     : active_(std::make_unique<Active>()) {
   install_hooking_engine();
   const FrameConfig config = frame_config(options);
@@ -24,9 +24,9 @@ CheckpointedCall::CheckpointedCall(const CheckpointOptions& options,
                            [&rerun] { return rerun->forward_observer(); });
 }
 
-CheckpointedCall::~CheckpointedCall() = default;
+RegionForward::~RegionForward() = default;
 
-void CheckpointedCall::forward_completed() {
+void RegionForward::forward_completed() {
   auto frame = active_->forward->frame();
   active_.reset();  // exits the forward
   frame->mark_forward_completed();

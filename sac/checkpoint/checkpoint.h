@@ -56,13 +56,13 @@ namespace detail {
 // the order they were collected), discarding its result.
 using RecomputeFn = std::function<void(const std::vector<at::Tensor>& inputs)>;
 
-// One checkpointed call's forward: sets up the frame, saves the inputs, and
+// One region's forward: sets up the frame, saves the inputs, and
 // keeps the forward hooks and context active until destroyed.
-class CheckpointedCall {
+class RegionForward {
  public:
-  CheckpointedCall(const CheckpointOptions& options, const std::vector<at::Tensor>& inputs,
-                   RecomputeFn recompute);
-  ~CheckpointedCall();
+  RegionForward(const CheckpointOptions& options, const std::vector<at::Tensor>& inputs,
+                RecomputeFn recompute);
+  ~RegionForward();
   // The function returned normally.
   void forward_completed();
 
@@ -157,11 +157,11 @@ auto checkpoint(const CheckpointOptions& options, Fn&& fn, Args&&... args) {
   }
   std::vector<at::Tensor> inputs;
   (detail::ArgCodec<std::decay_t<Args>>::collect(args, inputs), ...);
-  detail::CheckpointedCall call(options, inputs,
+  detail::RegionForward forward(options, inputs,
                                 detail::make_recompute<std::decay_t<Fn>, std::decay_t<Args>...>(
                                     std::decay_t<Fn>(fn), args...));
   Result result = std::invoke(fn, std::forward<Args>(args)...);
-  call.forward_completed();
+  forward.forward_completed();
   return result;
 }
 

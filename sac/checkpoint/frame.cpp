@@ -39,12 +39,12 @@ struct Holder {
   // Autograd checks a saved tensor's version when it is unpacked, but not
   // when hooks hold it: this restores that check (see check_not_modified).
   VersionWatch packed_version;
-  struct Slot {
+  struct Recomputed {
     at::Tensor value;
     bool unpacked = false;
   };
   // Per backward pass (graph task id): the recomputed tensor.
-  std::unordered_map<int64_t, Slot> recomputed;
+  std::unordered_map<int64_t, Recomputed> recomputed;
 };
 
 namespace {
@@ -91,7 +91,7 @@ class ForwardHooks final : public torch::autograd::SavedVariableHooks {
 };
 
 // The pass an unpack belongs to, which recomputes once: the thread's
-// GraphExecGroup, else the backward call (graph task). Unpacks outside any
+// GraphExecGroup, else the backward pass (graph task). Unpacks outside any
 // backward get an id of their own each (PyTorch uses a fresh uuid), so each
 // recomputes.
 int64_t current_graph_task() {
@@ -199,21 +199,21 @@ at::Tensor CheckpointFrame::unpack_unchecked(Holder& holder) {
     passes_[graph_task].recomputed = true;
     check_recomputed_tensors_match(graph_task);
   }
-  auto slot = holder.recomputed.find(graph_task);
-  TORCH_INTERNAL_ASSERT(slot != holder.recomputed.end(), "sac: a saved tensor was not recomputed");
-  SAC_CHECKPOINT_CHECK(!slot->second.unpacked, config_.api,
+  auto entry = holder.recomputed.find(graph_task);
+  TORCH_INTERNAL_ASSERT(entry != holder.recomputed.end(), "sac: a saved tensor was not recomputed");
+  SAC_CHECKPOINT_CHECK(!entry->second.unpacked, config_.api,
                        ": a saved tensor is being unpacked a second time in the "
                        "same backward pass. ",
                        GraphExecGroup::current_id().has_value()
-                           ? "Two backward calls inside one sac::GraphExecGroup need the same "
-                             "saved tensor: the backward calls of a group must cover parts of "
-                             "the graph that do not overlap. Run overlapping backward calls "
+                           ? "Two backward passes inside one sac::GraphExecGroup need the same "
+                             "saved tensor: the backward passes of a group must cover parts of "
+                             "the graph that do not overlap. Run overlapping backward passes "
                              "outside the group. "
                            : "",
                        "A custom autograd function must read its saved tensors once per "
                        "backward (call ctx->get_saved_variables() once).");
-  slot->second.unpacked = true;
-  return std::move(slot->second.value);
+  entry->second.unpacked = true;
+  return std::move(entry->second.value);
 }
 
 void CheckpointFrame::recompute(int64_t graph_task) {
@@ -280,9 +280,9 @@ void CheckpointFrame::save_recomputed(int64_t graph_task, const at::Tensor& valu
   }
   if (auto holder = holders_[index].lock()) {
     // A holder freed by a backward inside the forward needs nothing.
-    auto& slot = holder->recomputed[graph_task];
-    TORCH_INTERNAL_ASSERT(!slot.value.defined());
-    slot = {value, false};
+    auto& entry = holder->recomputed[graph_task];
+    TORCH_INTERNAL_ASSERT(!entry.value.defined());
+    entry = {value, false};
   }
   if (stop_when_filled && pass.saved == holders_.size()) {
     throw StopRecomputation{};
@@ -311,9 +311,9 @@ void CheckpointFrame::check_recomputed_tensors_match(int64_t graph_task) {
     if (!holder) {
       continue;
     }
-    const auto slot = holder->recomputed.find(graph_task);
-    TORCH_INTERNAL_ASSERT(slot != holder->recomputed.end());
-    const at::Tensor& t = slot->second.value;
+    const auto entry = holder->recomputed.find(graph_task);
+    TORCH_INTERNAL_ASSERT(entry != holder->recomputed.end());
+    const at::Tensor& t = entry->second.value;
     const TensorMetadata recomputed{t.sizes().vec(), t.scalar_type(), t.device()};
     if (!(recomputed == metadata_[index])) {
       mismatches += "tensor at position " + std::to_string(index) +

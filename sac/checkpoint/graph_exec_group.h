@@ -1,4 +1,4 @@
-// sac::GraphExecGroup: several backward calls that recompute each region once.
+// sac::GraphExecGroup: several backward passes that recompute each region once.
 //
 //   {
 //     sac::GraphExecGroup group;
@@ -6,10 +6,10 @@
 //     auto g2 = torch::autograd::grad({loss2}, {w2});
 //   }
 //
-// PyTorch's torch.utils.checkpoint.GraphExecGroup. Each backward call
+// PyTorch's torch.utils.checkpoint.GraphExecGroup. Each backward pass
 // normally recomputes every checkpointed region it reaches. Inside one group,
-// a region is recomputed by the first backward call that needs it, and the
-// later calls use what that recomputation made. Backward calls of one group
+// a region is recomputed by the first backward pass that needs it, and the
+// later passes use what that recomputation made. Backward passes of one group
 // must therefore cover parts of the graph that do not overlap: a saved tensor
 // needed by two of them is an error at its second use. Groups do not nest.
 // The group is the thread's, and it reaches the autograd engine's device

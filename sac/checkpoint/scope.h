@@ -9,7 +9,7 @@
 // While a scope lives, sac::checkpoint calls and CheckpointRegion guards on
 // its thread that are given no options use the scope's; those given options
 // use their own. Scopes nest: the innermost wins, and the outer one is back
-// when it ends (also by exception). Each call still gets its own selective
+// when it ends (also by exception). Each region still gets its own selective
 // modes: a policy in the scope is shared, its contexts are not.
 #pragma once
 

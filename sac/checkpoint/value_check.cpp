@@ -307,7 +307,7 @@ void OpOrigins::note_outputs(const RecordedOp* op, c10::ArrayRef<c10::IValue> ou
     const Pending pending = pending_.back();
     pending_.pop_back();
     if (std::find(written.begin(), written.end(), pending.storage) != written.end()) {
-      saved_[pending.index].made = SavedOrigin::Call{op, call};
+      saved_[pending.index].made = SavedOrigin::CallId{op, call};
     }
   }
 }
@@ -339,7 +339,7 @@ std::string SavedOrigin::describe() const {
            "memory)" +
            saved_by;
   }
-  const std::string call = " (its call " + std::to_string(made->call) + " in the region)";
+  const std::string call = " (its call " + std::to_string(made->index) + " in the region)";
   if (made->op->uninitialized) {
     return "host data: made by " + made->op->name + call +
            ", then filled through its data pointer, as torch::tensor(...) fills it" + saved_by;

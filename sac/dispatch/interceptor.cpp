@@ -22,7 +22,7 @@ namespace {
 
 // The thread's interception state. `observing` caches "observers is not
 // empty and not suspended", so the hot path reads one struct. `shielded`:
-// interception is suspended or isolated here, so what a backward call
+// interception is suspended or isolated here, so what a backward pass
 // carried to this thread (below) does not apply either.
 struct ThreadState {
   OpInterceptor* interceptor = nullptr;
@@ -46,7 +46,7 @@ struct Carried {
   std::recursive_mutex mutex;
 };
 constexpr std::string_view kCarriedName = "sac::dispatch::Carried";
-const c10::DebugInfoKind kCarriedSlot(&kCarriedName);
+const c10::DebugInfoKind kCarriedKind(&kCarriedName);
 
 // An empty snapshot masks the ones below it: a backward called where
 // interception is isolated carries nothing.
@@ -54,7 +54,7 @@ Carried* carried_to(const ThreadState& state) {
   if (state.shielded) {
     return nullptr;
   }
-  Carried* carried = detail::carried<Carried>(kCarriedSlot);
+  Carried* carried = detail::carried<Carried>(kCarriedKind);
   return carried == nullptr || (carried->interceptor == nullptr && carried->observers.empty())
              ? nullptr
              : carried;
@@ -184,7 +184,7 @@ template <c10::DispatchKey Key>
   }
 }
 
-// An op on a thread with nothing of its own active: what a backward call
+// An op on a thread with nothing of its own active: what a backward pass
 // carried here handles it, or it just runs. Out of line: the kernel's
 // common path stays short.
 template <c10::DispatchKey Key>
@@ -267,7 +267,7 @@ struct CarryToEngineThreads::Carry {
   Carry()
       : hidden(tls_state),
         hidden_observers(std::exchange(tls_observers, {})),
-        carry(kCarriedSlot, hidden.interceptor,
+        carry(kCarriedKind, hidden.interceptor,
               hidden.observing ? hidden_observers : std::vector<OpObserver*>{}) {
     // This thread takes turns with the others too.
     tls_state = ThreadState{};
@@ -284,7 +284,7 @@ struct CarryToEngineThreads::Carry {
 
 CarryToEngineThreads::CarryToEngineThreads() {
   const bool own = tls_state.interceptor != nullptr || tls_state.observing;
-  if (own || (tls_state.shielded && detail::carried<Carried>(kCarriedSlot) != nullptr)) {
+  if (own || (tls_state.shielded && detail::carried<Carried>(kCarriedKind) != nullptr)) {
     carry_ = std::make_unique<Carry>();
   }
 }

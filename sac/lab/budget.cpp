@@ -123,13 +123,13 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   plan.exact = choice.exact;
   plan.gap_seconds = choice.exact ? 0 : choice.upper_bound - choice.value;
-  plan.kept_bytes = choice.weight;
+  plan.saved_bytes = choice.weight;
   std::vector<bool> kept(items.size(), false);
   for (const size_t i : choice.chosen) {
     kept[i] = true;
   }
   std::vector<std::vector<ChosenCallsRule::Chosen>> chosen(profiles.size());
-  plan.kept_calls.resize(profiles.size());
+  plan.saved_calls.resize(profiles.size());
   plan.recompute_seconds = recompute_all;
   for (size_t i = 0; i < items.size(); ++i) {
     const lab::CallChoice& c = choices[i];
@@ -142,7 +142,7 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
            kept[i] ? CheckpointPolicy::MustSave : CheckpointPolicy::MustCpuOffload});
       plan.recompute_seconds -= call->seconds;
       if (kept[i]) {  // the choice's bytes go with its first call
-        plan.kept_calls[c.profile].push_back(
+        plan.saved_calls[c.profile].push_back(
             {call->op, call->call, call == c.calls.front() ? c.bytes : 0});
       }
     }

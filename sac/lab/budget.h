@@ -63,7 +63,7 @@ double measure_offload_bandwidth(c10::Device device, int64_t bytes = int64_t{64}
 // A call a region's policy saves: call `call` of `op`, and the bytes saving
 // it keeps (calls that share a storage count it once, at one of them): what
 // sac::StepPhases::predict_peak (sac/lab/peak.h) adds to a step.
-struct KeptCall {
+struct SavedCall {
   c10::OperatorHandle op;
   size_t call = 0;
   int64_t bytes = 0;
@@ -80,9 +80,9 @@ struct BudgetedPlan {
   int64_t budget_bytes = 0;
   // Predicted: bytes kept after the forward, and the time of the calls the
   // recomputation runs (all profiled calls but the kept and offloaded ones).
-  int64_t kept_bytes = 0;
-  // The calls each policy saves, in order (their bytes sum to kept_bytes).
-  std::vector<std::vector<KeptCall>> kept_calls;
+  int64_t saved_bytes = 0;
+  // The calls each policy saves, in order (their bytes sum to saved_bytes).
+  std::vector<std::vector<SavedCall>> saved_calls;
   double recompute_seconds = 0;
   // Predicted, with offload as a choice: the bytes moved to host memory and
   // the time of their trips.

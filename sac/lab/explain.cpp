@@ -5,6 +5,7 @@
 #include <sac/cache/selective_modes.h>
 #include <sac/policy/internal/answers.h>
 #include <sac/policy/internal/tag_op.h>
+#include <sac/cache/internal/modes.h>
 
 #include <iomanip>
 #include <optional>
@@ -68,9 +69,9 @@ class NoCopies final : public CopyTarget {
 
 }  // namespace
 
-std::vector<KeptCall> Explanation::kept_calls() const {
+std::vector<SavedCall> Explanation::saved_calls() const {
   std::vector<bool> counted(calls_.size(), false);  // storages, at their maker
-  std::vector<KeptCall> kept;
+  std::vector<SavedCall> kept;
   for (size_t i = 0; i < calls_.size(); ++i) {
     const ExplainedCall& c = calls_[i];
     if (c.outcome == ExplainedCall::Outcome::Demoted) {
@@ -93,9 +94,9 @@ std::vector<KeptCall> Explanation::kept_calls() const {
   return kept;
 }
 
-int64_t Explanation::kept_bytes() const {
+int64_t Explanation::saved_bytes() const {
   int64_t bytes = 0;
-  for (const auto& k : kept_calls()) {
+  for (const auto& k : saved_calls()) {
     bytes += k.bytes;
   }
   return bytes;
@@ -132,7 +133,7 @@ void Explanation::print(std::ostream& out) const {
         << (c.answer.has_value() ? std::string(to_string(*c.answer)) : std::string("-"))
         << to_string(c.outcome) << "\n";
   }
-  out << std::right << "kept " << kept_bytes() << " bytes, offloaded " << offloaded_bytes()
+  out << std::right << "kept " << saved_bytes() << " bytes, offloaded " << offloaded_bytes()
       << " bytes, recomputed " << std::setprecision(1) << recompute_seconds() * 1e6 << " us\n";
 }
 
@@ -149,7 +150,7 @@ Explanation explain(const Policy& policy, const std::function<void()>& region) {
       },
       /*runs=*/1);
   auto demoted = [&](const c10::OperatorHandle& op, size_t call) {
-    for (const auto& d : contexts.cache->demotions()) {
+    for (const auto& d : cache_of(contexts)->demotions()) {
       if (d.call == call && d.op == op.operator_name()) {
         return true;
       }
@@ -162,7 +163,7 @@ Explanation explain(const Policy& policy, const std::function<void()>& region) {
     const auto answer = rule->answer_for(call.op, call.call);
     if (answer.has_value() && !is_tag(call.op)) {
       explained.answer = answer;
-      const bool kept = contexts.cache->cached(call.op, call.call);
+      const bool kept = cache_of(contexts)->cached(call.op, call.call);
       explained.outcome = kept ? is_offload(*answer) ? ExplainedCall::Outcome::Offloaded
                                                      : ExplainedCall::Outcome::Saved
                           : demoted(call.op, call.call) ? ExplainedCall::Outcome::Demoted

@@ -40,13 +40,13 @@ class Explanation {
 
   const std::vector<ExplainedCall>& calls() const { return calls_; }
   // Bytes the region keeps on the device after the forward (saved calls).
-  int64_t kept_bytes() const;
+  int64_t saved_bytes() const;
   // The saved calls, each with the bytes it keeps (a saved call whose
   // outputs share the storage of an earlier call's, aten::_unsafe_view of a
   // matmul's, keeps that storage: its bytes count once), and the demoted
-  // calls (KeptCall::demoted, no bytes): what sac::StepPhases::predict_peak
+  // calls (SavedCall::demoted, no bytes): what sac::StepPhases::predict_peak
   // changes a step by.
-  std::vector<KeptCall> kept_calls() const;
+  std::vector<SavedCall> saved_calls() const;
   // Bytes offloaded to the copy target.
   int64_t offloaded_bytes() const;
   // Time of the calls the recomputation runs: every call but the kept ones

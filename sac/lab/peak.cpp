@@ -24,11 +24,11 @@ using lab::StepTrace;
 using lab::TracedCall;
 using lab::TracedRegion;
 
-// Note [A plan's step]
-// The measured step keeps nothing. A plan's step runs the same ops in the
+// Note [A plan's trace]
+// The measured step keeps nothing. Under a plan the step runs the same ops in the
 // same order (the recomputation replays the forward's calls and stops where
 // the measured one stopped: once every tensor autograd saved is made again),
-// and its allocations are the measured step's but for three changes, per
+// and its trace's allocations are the measured trace's but for three changes, per
 // call K the plan keeps:
 //  1. K's forward outputs are held by the cache until the recomputation takes
 //     them (at K's call there), or until the recomputation ends if it stops
@@ -37,19 +37,19 @@ using lab::TracedRegion;
 //     ends if K was demoted (modified in place later: the cache drops it
 //     then). Their frees move no earlier than that.
 //  2. K's call in the recomputation is served from the cache: nothing it
-//     allocated in the measured step is allocated (its outputs, its
+//     allocated in the measured trace is allocated (its outputs, its
 //     temporaries), but a random call restores the generator, which on the
 //     CPU allocates its state for a moment.
 //  3. The served outputs stand where the recomputed ones stood, so a kept
 //     storage is freed no earlier than the recomputed storage it replaces
 //     was.
 // Those changes are exact if the op calls allocate the same bytes in both
-// steps, which holds for ops that see the same shapes; what cannot be placed
+// traces, which holds for ops that see the same shapes; what cannot be placed
 // so (a kept call whose output lies on the storage of a call the plan
 // recomputes: that storage's lifetime in the recomputation changes) is an
 // error, not a guess.
 
-// A plan's changes to the measured step's events.
+// A plan's changes to the measured trace's events.
 struct Changes {
   std::vector<size_t> removed;                      // events that do not happen
   std::vector<std::pair<size_t, int64_t>> frees;    // bytes freed before an event
@@ -63,7 +63,7 @@ const TracedCall* find_call(
   return found == calls.end() || call >= found->second.size() ? nullptr : &found->second[call];
 }
 
-Changes changes_of(const StepTrace& trace, const std::vector<std::vector<KeptCall>>& kept) {
+Changes changes_of(const StepTrace& trace, const std::vector<std::vector<SavedCall>>& kept) {
   TORCH_CHECK(kept.size() == trace.regions.size(), "sac::StepPhases::predict_peak: the step ran ",
               trace.regions.size(), " regions, but the plan has ", kept.size(),
               " policies; plan one policy per region, in the order their forwards begin.");
@@ -79,13 +79,13 @@ Changes changes_of(const StepTrace& trace, const std::vector<std::vector<KeptCal
   struct Standing {                   // a kept output on a storage made before its call
     size_t kept;
     size_t recomputed;
-    const KeptCall* call;
+    const SavedCall* call;
   };
   std::vector<Standing> standing;
   Changes changes;
   for (size_t r = 0; r < kept.size(); ++r) {
     const TracedRegion& region = trace.regions[r];
-    for (const KeptCall& k : kept[r]) {
+    for (const SavedCall& k : kept[r]) {
       const TracedCall* forward = find_call(region.forward, k.op, k.call);
       TORCH_CHECK(forward != nullptr, "sac::StepPhases: region ", r, " of the plan keeps call ",
                   k.call, " of ", toString(k.op.operator_name()), ", which region ", r,
@@ -327,7 +327,7 @@ double least_cost_that_fits(const StepTrace& trace, const std::vector<int64_t>& 
   std::vector<Changes> changes;
   double everything_seconds = 0;
   for (const auto& choice : choices) {
-    std::vector<std::vector<KeptCall>> alone(profiles.size());
+    std::vector<std::vector<SavedCall>> alone(profiles.size());
     for (const OpCallProfile* call : choice.calls) {
       alone[choice.profile].push_back({call->op, call->call, 0});
     }
@@ -355,9 +355,9 @@ double least_cost_that_fits(const StepTrace& trace, const std::vector<int64_t>& 
   };
   double bound = everything_seconds;
   if (!live.empty()) {
-    bound = std::min(bound, bound_at(simulate(trace, changes_of(trace, best.kept_calls)).at));
+    bound = std::min(bound, bound_at(simulate(trace, changes_of(trace, best.saved_calls)).at));
     const BudgetedPlan all = budgeted_plan(profiles, Budget::fraction(1.0), offload);
-    bound = std::min(bound, bound_at(simulate(trace, changes_of(trace, all.kept_calls)).at));
+    bound = std::min(bound, bound_at(simulate(trace, changes_of(trace, all.saved_calls)).at));
   }
   double least = -bound;
   for (const auto& profile : profiles) {
@@ -397,8 +397,8 @@ int64_t StepPhases::peak() const {
   return peak;
 }
 
-int64_t StepPhases::predict_peak(const std::vector<std::vector<KeptCall>>& kept_calls) const {
-  return simulate(*trace_, changes_of(*trace_, kept_calls)).peak;
+int64_t StepPhases::predict_peak(const std::vector<std::vector<SavedCall>>& saved_calls) const {
+  return simulate(*trace_, changes_of(*trace_, saved_calls)).peak;
 }
 
 PeakPlan StepPhases::plan_for_peak(const std::vector<RegionProfile>& profiles, int64_t peak_bytes,
@@ -427,7 +427,7 @@ PeakPlan StepPhases::plan_for_peak(const std::vector<RegionProfile>& profiles, i
 void StepPhases::print(std::ostream& out, const BudgetedPlan* plan) const {
   std::vector<int64_t> predicted;
   if (plan != nullptr) {
-    predicted = simulate(*trace_, changes_of(*trace_, plan->kept_calls)).peak_at;
+    predicted = simulate(*trace_, changes_of(*trace_, plan->saved_calls)).peak_at;
   }
   out << std::left << std::setw(10) << "phase" << std::right << std::setw(8) << "region"
       << std::setw(10) << "events" << std::setw(16) << "measured"

@@ -8,11 +8,11 @@
 //   int64_t predicted = phases.predict_peak(plan);   // the step's peak under it
 //   sac::PeakPlan fits = phases.plan_for_peak(profiles, limit);
 //
-// The step is recorded as the list of its allocations and frees, in order,
+// The step is traced: the list of its allocations and frees, in order,
 // from c10's memory reporting (what PyTorch's memory profiler hears; the
 // counting allocator of the tests and CUDA's caching allocator report), with
 // each region's forward and recomputation and their op calls placed in it.
-// A plan changes that list in three ways only (Note [A plan's step] in
+// A plan changes that list in three ways only (Note [A plan's trace] in
 // peak.cpp): a kept output's storage lives on until the recomputation takes
 // it, the taken call allocates nothing in the recomputation, and its place
 // there is held by the kept storage for as long as the recomputed one was.
@@ -68,7 +68,7 @@ struct MemoryProbe {
 // out. A clear error for the CPU or a device type without such an allocator.
 MemoryProbe device_memory_probe(c10::Device device);
 
-// A stretch of the measured step: a region's forward, the code between
+// A stretch of the measured step's trace: a region's forward, the code between
 // regions, or a region's backward (from its recomputation's start to the
 // next region event).
 struct StepPhase {
@@ -111,11 +111,11 @@ class StepPhases {
   int64_t peak() const;
   // The step's peak under `plan`, whose policies are the regions', in the
   // order their forwards began.
-  int64_t predict_peak(const BudgetedPlan& plan) const { return predict_peak(plan.kept_calls); }
+  int64_t predict_peak(const BudgetedPlan& plan) const { return predict_peak(plan.saved_calls); }
   // The same from the calls each region keeps, in order: a budgeted plan's
-  // or any policy's (Explanation::kept_calls, sac/lab/explain.h, which
+  // or any policy's (Explanation::saved_calls, sac/lab/explain.h, which
   // includes the calls kept and dropped at the forward's end).
-  int64_t predict_peak(const std::vector<std::vector<KeptCall>>& kept_calls) const;
+  int64_t predict_peak(const std::vector<std::vector<SavedCall>>& saved_calls) const;
   // The plan of least recomputation time whose predicted peak is at most
   // `peak_bytes`, for the regions profiled in `profiles` (one per region,
   // in order). Searched among budgeted plans (sac/lab/budget.h) at byte
@@ -144,7 +144,7 @@ class StepPhases {
 };
 
 // Runs `step` once and records it. Every region in it must keep nothing (no
-// policy, or nothing_saveable()): the prediction changes this step by what a
+// policy, or nothing_saveable()): the prediction changes this step's trace by what a
 // plan keeps. An error otherwise, and for what the model does not cover
 // (see above).
 StepPhases measure_step_phases(const MemoryProbe& probe, const std::function<void()>& step);

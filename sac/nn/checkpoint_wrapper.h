@@ -39,7 +39,7 @@ namespace sac {
 namespace detail {
 
 // The options a wrapper's forward uses: its own, or else the innermost
-// CheckpointScope's on this thread at the time of the call; named `name`
+// CheckpointScope's on this thread at the time of the forward; named `name`
 // (the module's qualified name) where they name no region.
 inline CheckpointOptions options_or_scoped(const std::optional<CheckpointOptions>& own,
                                            const std::string& name = std::string()) {

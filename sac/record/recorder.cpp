@@ -71,7 +71,7 @@ bool writes_argument(const c10::OperatorHandle& op, size_t index, c10::ArrayRef<
 }
 
 // Whether `op` runs as part of a trace rather than eagerly: a tracer's mode
-// is active (those of torch.compile step aside while they run their kernels,
+// is active (those of torch.compile instruction aside while they run their kernels,
 // on meta tensors), or a tensor argument is a meta tensor, as a fake
 // tensor's data is.
 bool traced(c10::ArrayRef<c10::IValue> args) {
@@ -198,7 +198,7 @@ void Recorder::mark(const at::Tensor& t) {
   before_read(t);  // autograd hands it to backward: a read
   note_read(t);
   const ValueId value = resolve(t);
-  recording_.steps.push_back({Step::Kind::Mark, value});
+  recording_.instructions.push_back({Instruction::Kind::Mark, value});
 }
 
 void Recorder::finish() {
@@ -274,7 +274,8 @@ void Recorder::after_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IVa
     });
   }
   recorded.replayed = recorded.replayed || recorded.outputs > 0;
-  recording_.steps.push_back({Step::Kind::Call, static_cast<uint32_t>(recording_.calls.size())});
+  recording_.instructions.push_back(
+      {Instruction::Kind::Call, static_cast<uint32_t>(recording_.calls.size())});
   recording_.calls.push_back(std::move(recorded));
 }
 
@@ -343,7 +344,8 @@ ValueId Recorder::resolve(const at::Tensor& t) {
 
 ValueId Recorder::add_alias(const at::Tensor& t, ValueId base) {
   Alias alias{recording_.new_value(), base, t.sizes().vec(), t.strides().vec(), t.storage_offset()};
-  recording_.steps.push_back({Step::Kind::Alias, static_cast<uint32_t>(recording_.aliases.size())});
+  recording_.instructions.push_back(
+      {Instruction::Kind::Alias, static_cast<uint32_t>(recording_.aliases.size())});
   recording_.aliases.push_back(std::move(alias));
   const ValueId value = recording_.aliases.back().value;
   remember(t, value);
@@ -411,7 +413,7 @@ Outside Recorder::layout_of(const at::Tensor& t) {
 
 size_t Recorder::append_outside(Outside outside) {
   const size_t index = recording_.outside.size();
-  recording_.steps.push_back({Step::Kind::Outside, static_cast<uint32_t>(index)});
+  recording_.instructions.push_back({Instruction::Kind::Outside, static_cast<uint32_t>(index)});
   recording_.outside.push_back(std::move(outside));
   return index;
 }
@@ -522,7 +524,8 @@ void Recorder::fill_if_changed(const at::Tensor& t, StorageState& state) {
   recording_.snapshots.push_back(copy_bytes(t.storage()));
   state.seen = recording_.snapshots.back();
   const ValueId value = resolve(t);
-  recording_.steps.push_back({Step::Kind::Fill, static_cast<uint32_t>(recording_.fills.size())});
+  recording_.instructions.push_back(
+      {Instruction::Kind::Fill, static_cast<uint32_t>(recording_.fills.size())});
   recording_.fills.push_back({value, snapshot});
 }
 

@@ -17,12 +17,12 @@ at::Tensor bytes_of(const c10::Storage& storage) {
 
 std::string Recording::str() const {
   std::ostringstream out;
-  for (size_t i = 0; i < steps.size(); ++i) {
-    const Step& step = steps[i];
+  for (size_t i = 0; i < instructions.size(); ++i) {
+    const Instruction& instruction = instructions[i];
     out << i << ": ";
-    switch (step.kind) {
-      case Step::Kind::Call: {
-        const Call& call = calls[step.index];
+    switch (instruction.kind) {
+      case Instruction::Kind::Call: {
+        const Call& call = calls[instruction.index];
         out << "%" << call.first_output << ".." << call.first_output + call.outputs << " = "
             << call.op.operator_name() << "(";
         for (const Argument& argument : call.arguments) {
@@ -39,23 +39,23 @@ std::string Recording::str() const {
             << (call.replayed ? "" : " [not replayed]");
         break;
       }
-      case Step::Kind::Outside: {
-        const Outside& o = outside[step.index];
+      case Instruction::Kind::Outside: {
+        const Outside& o = outside[instruction.index];
         out << "%" << o.value << " = outside" << (o.snapshot ? " (copy)" : "")
             << (o.fresh ? " (fresh)" : "");
         break;
       }
-      case Step::Kind::Fill: {
-        const Fill& f = fills[step.index];
+      case Instruction::Kind::Fill: {
+        const Fill& f = fills[instruction.index];
         out << "fill %" << f.value << " from copy " << f.snapshot;
         break;
       }
-      case Step::Kind::Alias: {
-        const Alias& a = aliases[step.index];
+      case Instruction::Kind::Alias: {
+        const Alias& a = aliases[instruction.index];
         out << "%" << a.value << " = alias of %" << a.base;
         break;
       }
-      case Step::Kind::Mark: out << "mark %" << step.index; break;
+      case Instruction::Kind::Mark: out << "mark %" << instruction.index; break;
     }
     out << "\n";
   }

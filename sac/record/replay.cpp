@@ -15,12 +15,12 @@ namespace {
 
 constexpr size_t kNever = static_cast<size_t>(-1);
 
-// Calls `f(value)` for each value step `step` reads.
+// Calls `f(value)` for each value instruction `instruction` reads.
 template <class F>
-void for_each_read(const Recording& recording, const Step& step, F&& f) {
-  switch (step.kind) {
-    case Step::Kind::Call: {
-      const Call& call = recording.calls[step.index];
+void for_each_read(const Recording& recording, const Instruction& instruction, F&& f) {
+  switch (instruction.kind) {
+    case Instruction::Kind::Call: {
+      const Call& call = recording.calls[instruction.index];
       if (!call.replayed) {
         return;
       }
@@ -33,26 +33,26 @@ void for_each_read(const Recording& recording, const Step& step, F&& f) {
       }
       return;
     }
-    case Step::Kind::Alias: f(recording.aliases[step.index].base); return;
-    case Step::Kind::Fill: f(recording.fills[step.index].value); return;
-    case Step::Kind::Mark: f(static_cast<ValueId>(step.index)); return;
-    case Step::Kind::Outside: return;
+    case Instruction::Kind::Alias: f(recording.aliases[instruction.index].base); return;
+    case Instruction::Kind::Fill: f(recording.fills[instruction.index].value); return;
+    case Instruction::Kind::Mark: f(static_cast<ValueId>(instruction.index)); return;
+    case Instruction::Kind::Outside: return;
   }
 }
 
-// For each step of the first `end`, the values to drop once it ran: those
+// For each instruction of the first `end`, the values to drop once it ran: those
 // it read last, and those it made that nothing reads.
 class Lifetimes {
  public:
   Lifetimes(const Recording& recording, size_t end) : first_(end + 1, 0) {
     std::vector<size_t> last(recording.values, kNever);
     for (size_t i = 0; i < end; ++i) {
-      for_each_read(recording, recording.steps[i], [&](ValueId v) { last[v] = i; });
+      for_each_read(recording, recording.instructions[i], [&](ValueId v) { last[v] = i; });
     }
     // A value nothing reads dies where it is made. Values are numbered in
-    // the order they are made, so walking the steps finds each maker.
+    // the order they are made, so walking the instructions finds each maker.
     for (size_t i = 0; i < end; ++i) {
-      for_each_made(recording, recording.steps[i], [&](ValueId v) {
+      for_each_made(recording, recording.instructions[i], [&](ValueId v) {
         if (last[v] == kNever) {
           last[v] = i;
         }
@@ -75,29 +75,30 @@ class Lifetimes {
     }
   }
 
-  c10::ArrayRef<ValueId> after(size_t step) const {
-    return c10::ArrayRef<ValueId>(dying_).slice(first_[step], first_[step + 1] - first_[step]);
+  c10::ArrayRef<ValueId> after(size_t instruction) const {
+    return c10::ArrayRef<ValueId>(dying_).slice(first_[instruction],
+                                                first_[instruction + 1] - first_[instruction]);
   }
 
   template <class F>
-  static void for_each_made(const Recording& recording, const Step& step, F&& f) {
-    switch (step.kind) {
-      case Step::Kind::Call: {
-        const Call& call = recording.calls[step.index];
+  static void for_each_made(const Recording& recording, const Instruction& instruction, F&& f) {
+    switch (instruction.kind) {
+      case Instruction::Kind::Call: {
+        const Call& call = recording.calls[instruction.index];
         for (uint32_t k = 0; k < call.outputs; ++k) {
           f(call.first_output + k);
         }
         return;
       }
-      case Step::Kind::Outside: f(recording.outside[step.index].value); return;
-      case Step::Kind::Alias: f(recording.aliases[step.index].value); return;
-      case Step::Kind::Fill:
-      case Step::Kind::Mark: return;
+      case Instruction::Kind::Outside: f(recording.outside[instruction.index].value); return;
+      case Instruction::Kind::Alias: f(recording.aliases[instruction.index].value); return;
+      case Instruction::Kind::Fill:
+      case Instruction::Kind::Mark: return;
     }
   }
 
  private:
-  std::vector<size_t> first_;  // per step: start of its slice of dying_
+  std::vector<size_t> first_;  // per instruction: start of its slice of dying_
   std::vector<ValueId> dying_;
 };
 
@@ -111,14 +112,14 @@ class Replay {
         copies_(recording.snapshots.size()) {}
 
   void run() {
-    const size_t end = recording_.steps.size();
+    const size_t end = recording_.instructions.size();
     const Lifetimes lifetimes(recording_, end);
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     if (!recording_.communication.empty()) {
       recording_.communication.agree();
     }
     for (size_t i = 0; i < end; ++i) {
-      run_step(recording_.steps[i]);
+      run_instruction(recording_.instructions[i]);
       for (const ValueId v : lifetimes.after(i)) {
         values_[v].reset();
       }
@@ -126,24 +127,24 @@ class Replay {
   }
 
  private:
-  void run_step(const Step& step) {
-    switch (step.kind) {
-      case Step::Kind::Call: run_call(recording_.calls[step.index]); return;
-      case Step::Kind::Outside: load_outside(step.index); return;
-      case Step::Kind::Fill: {
-        const Fill& fill = recording_.fills[step.index];
+  void run_instruction(const Instruction& instruction) {
+    switch (instruction.kind) {
+      case Instruction::Kind::Call: run_call(recording_.calls[instruction.index]); return;
+      case Instruction::Kind::Outside: load_outside(instruction.index); return;
+      case Instruction::Kind::Fill: {
+        const Fill& fill = recording_.fills[instruction.index];
         dispatch::IsolationGuard unseen;
         bytes_of(value(fill.value).storage()).copy_(recording_.snapshots[fill.snapshot]);
         return;
       }
-      case Step::Kind::Alias: {
-        const Alias& alias = recording_.aliases[step.index];
+      case Instruction::Kind::Alias: {
+        const Alias& alias = recording_.aliases[instruction.index];
         dispatch::IsolationGuard unseen;
         values_[alias.value] =
             value(alias.base).as_strided(alias.sizes, alias.strides, alias.storage_offset);
         return;
       }
-      case Step::Kind::Mark: on_mark_(mark_++, value(step.index)); return;
+      case Instruction::Kind::Mark: on_mark_(mark_++, value(instruction.index)); return;
     }
   }
 

@@ -501,11 +501,11 @@ std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
   });
   // What each region's policy keeps, by sac::explain.
   auto explained = [&](const std::vector<sac::Policy>& policies) {
-    std::vector<std::vector<sac::KeptCall>> kept;
+    std::vector<std::vector<sac::SavedCall>> kept;
     torch::manual_seed(7);
     forward(m, [&](size_t r, const auto& body, const at::Tensor& in) {
       at::Tensor out;
-      kept.push_back(sac::explain(policies[r], [&] { out = body(in); }).kept_calls());
+      kept.push_back(sac::explain(policies[r], [&] { out = body(in); }).saved_calls());
       return out;
     });
     return kept;

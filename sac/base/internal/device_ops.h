@@ -4,7 +4,7 @@
 // host_memory() (copy_target.h) orders its copies only through this
 // interface, so that the order can be checked on a machine without an
 // accelerator: tests give host_memory(ops) a fake whose "device" tensors
-// are CPU tensors and which records each call (tests/base_host_memory_test.cpp).
+// are CPU tensors and which logs each operation (tests/base_host_memory_test.cpp).
 // The real one, device_ops(), runs them through c10's VirtualGuardImpl for
 // the tensor's device type and the device's caching allocator.
 #pragma once
@@ -36,7 +36,7 @@ class DeviceOps {
     virtual ~Event() = default;
   };
   virtual std::unique_ptr<Event> record(const c10::Stream& stream) = 0;
-  // Work queued on `waiting` after this call starts only once the work
+  // Work queued on `waiting` once this has returned starts only once the work
   // `event` marks is done.
   virtual void block(const Event& event, const c10::Stream& waiting) = 0;
   // Both: `waiting` waits for the work queued on `on` so far.

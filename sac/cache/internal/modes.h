@@ -75,6 +75,7 @@ class SelectiveMode : public RegionContext, protected dispatch::OpInterceptor {
   // Empties the (shared) cache: the region's graph is gone.
   void release() override { cache_->clear(); }
   const OpCache& cache() const { return *cache_; }
+  const std::shared_ptr<OpCache>& shared_cache() const { return cache_; }
 
  protected:
   SelectiveMode(Policy policy, std::shared_ptr<OpCache> cache,
@@ -119,7 +120,7 @@ class CachingMode final : public SelectiveMode {
   // Refuses to record a second forward into a cache that holds one; starts
   // the record.
   void on_outermost_enter() override;
-  // Ends the record (see OpCache::end_recording), counts it, and moves the
+  // Ends the record (see OpCache::end_forward), counts it, and moves the
   // outputs kept into the thread's stash if it has one (sac/base/internal/stash.h).
   void on_outermost_exit() override;
   void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
@@ -167,5 +168,8 @@ class CachedMode final : public SelectiveMode {
   RegionStatistics::Counts pass_;       // this pass's, so far
   std::chrono::steady_clock::time_point pass_started_;
 };
+
+// The cache a pair of modes shares: what the lab and the tests read.
+std::shared_ptr<OpCache> cache_of(const SelectiveCheckpointContexts& modes);
 
 }  // namespace sac

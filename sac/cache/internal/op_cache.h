@@ -51,24 +51,24 @@ class OpCache {
 
   // ---- Forward ------------------------------------------------------------
 
-  // The forward records from begin_recording() to end_recording(). A
+  // The forward fills the cache from begin_forward() to end_forward(). A
   // recomputation may run in between: a backward inside the checkpointed
-  // function recomputes the region so far. It replays the record so far as
+  // function recomputes the region so far. It follows the entries so far as
   // a prefix: calls past its end run, saved outputs are handed out but kept
   // for the backward after the forward, and outputs already modified run
-  // again (end_recording will demote them).
+  // again (end_forward will demote them).
   //
   // With `track_producers`, the cache also remembers which call returned
-  // each tensor it records, recompute calls included (their outputs held
+  // each tensor it enters, recompute calls included (their outputs held
   // weakly), so that a later decision can change a call's answer until the
   // forward ends: see producer_of.
-  void begin_recording(bool track_producers = false);
+  void begin_forward(bool track_producers = false);
   // Ends the forward: demotes saved calls whose outputs were modified in
   // place since they were stored to recompute calls (dropping the outputs):
   // their cached value is no longer what the op returned, but the
   // recomputation will redo both the op and the modification. demotions()
   // lists them: the policy then saves less than it says.
-  void end_recording();
+  void end_forward();
 
   // Notes the ops that write their outputs in place (returns the schema
   // marks as written, such as add_'s self) on a kept output's storage: the
@@ -79,7 +79,7 @@ class OpCache {
     }
   }
 
-  // A saved call that end_recording demoted: its op, which call of it in the
+  // A saved call that end_forward demoted: its op, which call of it in the
   // forward, and the op that first wrote its output in place, if one was
   // seen (per-op kernels see only the ops they intercept).
   struct Demotion {
@@ -90,7 +90,7 @@ class OpCache {
   const std::vector<Demotion>& demotions() const { return demotions_; }
 
   // Moves the outputs of every saved call into `stash` (after
-  // end_recording): the cache keeps the stash's hooks instead, and take()
+  // end_forward): the cache keeps the stash's hooks instead, and take()
   // gets the outputs back from them. The cache holds no storage any more
   // (bytes() is 0); in-place changes to the stored tensors are still caught.
   void stash(TensorStash& stash);
@@ -107,12 +107,12 @@ class OpCache {
   // `offload_to`, each tensor it accepts is copied there now and its alias
   // dropped, so the device memory goes as soon as the forward is done with
   // it; a tensor it does not accept is kept as saved.
-  void append_saved(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> outputs,
-                    std::optional<GeneratorSnapshot> generator,
-                    std::shared_ptr<CopyTarget> offload_to = nullptr);
+  void append_kept(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> outputs,
+                   std::optional<GeneratorSnapshot> generator,
+                   std::shared_ptr<CopyTarget> offload_to = nullptr);
 
-  // The number of calls of `op` recorded so far: the index of the next one.
-  size_t recorded_calls(const c10::OperatorHandle& op) const;
+  // The number of calls of `op` entered so far: the index of the next one.
+  size_t calls_so_far(const c10::OperatorHandle& op) const;
 
   // Watches the tensors among `values` that share storage with a cached
   // tensor: an op such as aten::_unsafe_view returns a tensor on its input's
@@ -126,9 +126,9 @@ class OpCache {
     }
   }
 
-  // ---- Late decisions (while recording, tracking producers) ----------------
+  // ---- Late decisions (while filling, tracking producers) ----------------
 
-  // A recorded call that returned a tensor, and whether it is kept now.
+  // A call in the cache that returned a tensor, and whether it is kept now.
   struct Producer {
     c10::OperatorHandle op;
     size_t call;
@@ -136,15 +136,15 @@ class OpCache {
   };
 
   // The call whose outputs `t` is on (the same storage: an output, or a view
-  // or reshape of one), if this forward recorded it; nullopt for tensors
-  // made before it or by ops it did not record.
+  // or reshape of one), if this forward entered it; nullopt for tensors
+  // made before it or by ops it did not enter.
   std::optional<Producer> producer_of(const at::Tensor& t) const;
 
-  // Keeps recompute call `producer` after all, as append_saved would have
+  // Keeps recompute call `producer` after all, as append_kept would have
   // (offloading what `offload_to` accepts). It cannot when one of its
   // outputs was modified in place since the op returned, or was freed (the
-  // cache holds the outputs of the latest recorded call until the next one
-  // is recorded, and only weak references to older ones): then the call
+  // cache holds the outputs of the latest call entered until the next one
+  // is entered, and only weak references to older ones): then the call
   // stays recomputed and the reason is returned.
   std::optional<std::string> keep_late(const Producer& producer,
                                        std::shared_ptr<CopyTarget> offload_to);
@@ -156,8 +156,8 @@ class OpCache {
 
   // Whether the outputs of call `call` of `op` are (or were, until taken) in
   // the cache; otherwise the recomputation runs the op. False for a call past
-  // the end of a forward still recording. Throws if the forward made no such
-  // call (and is not recording any more).
+  // the end of a forward still filling. Throws if the forward made no such
+  // call (and is not filling any more).
   bool cached(const c10::OperatorHandle& op, size_t call) const;
 
   // Starts copying every offloaded output back to its device, so that the
@@ -171,7 +171,7 @@ class OpCache {
   };
 
   // Hands out the outputs of saved call `call` of `op`, once (any number of
-  // times while recording). Throws if they were already handed out (a second
+  // times while filling). Throws if they were already handed out (a second
   // backward through the region), or if a tensor among them was modified in
   // place since it was stored and `allow_mutation` is false.
   Served take(const c10::OperatorHandle& op, size_t call, bool allow_mutation);
@@ -179,17 +179,17 @@ class OpCache {
   // Drops the outputs of the saved calls not handed out, after a
   // recomputation that stopped early (sac/checkpoint: once every tensor
   // autograd saved is made again): no later pass may take them, since a
-  // region with a policy is backwarded once. Does nothing while recording.
+  // region with a policy is backwarded once. Does nothing while filling.
   void release_untaken();
 
   // Drops every call and the outputs it kept, and the collectives noted.
   void clear();
-  // No call recorded (or all cleared).
+  // No call entered (or all cleared).
   bool empty() const { return ops_.empty(); }
 
   // The collectives the forward issued (sac/cache/internal/collective_ledger.h),
   // whether or not the policy decides about them. Emptied by
-  // begin_recording() and clear().
+  // begin_forward() and clear().
   CollectiveLedger& collectives() { return collectives_; }
 
   // ---- Accounting ---------------------------------------------------------
@@ -200,14 +200,14 @@ class OpCache {
   // stash hold those.
   size_t bytes() const { return storages_.bytes(); }
   // Saved calls whose outputs have not been handed out yet.
-  size_t saved_calls() const { return saved_calls_; }
-  // Saved calls turned into recompute calls by end_recording.
+  size_t kept_calls() const { return kept_calls_; }
+  // Saved calls turned into recompute calls by end_forward.
   size_t demoted_calls() const { return demotions_.size(); }
 
-  // The recorded calls by what became of them, after end_recording and
+  // The calls entered by what became of them, after end_forward and
   // before stash() (sac/cache/statistics.h counts with it).
   struct Summary {
-    size_t kept_calls = 0;       // saved, every output still on its device
+    size_t saved_calls = 0;      // every output still on its device
     size_t offloaded_calls = 0;  // saved, an output offloaded
     size_t recompute_calls = 0;
     // Device bytes of the offloaded outputs' storages that no kept output
@@ -217,11 +217,11 @@ class OpCache {
   Summary summary() const;
 
  private:
-  struct Call {
-    Call(const c10::OperatorHandle& op, size_t index) : op(op), index(index) {}
+  struct Entry {
+    Entry(const c10::OperatorHandle& op, size_t index) : op(op), index(index) {}
     // Saved (with its outputs) or Recompute (with the structure of its
     // outputs and weak slots while producers are tracked).
-    enum class State : uint8_t { Recompute, Saved, Served };
+    enum class State : uint8_t { Recompute, Kept, Served };
     c10::OperatorHandle op;
     size_t index;  // among the op's calls in the forward
     State state = State::Recompute;
@@ -238,8 +238,8 @@ class OpCache {
     std::shared_ptr<CopyTarget> target;  // of the offloaded slots
   };
 
-  // Per op, its calls in forward order: each its entry in `calls_`, or
-  // kRecomputed for a recompute call recorded without one (when no
+  // Per op, its calls in forward order: each its entry in `entries_`, or
+  // kRecomputed for a recompute call entered without one (when no
   // producers are tracked, nothing about it is needed but its place). The
   // calls before the first with an entry are only counted: an op a policy
   // never keeps costs a counter.
@@ -266,48 +266,48 @@ class OpCache {
     StableVector<uint32_t> entries_;  // from first_entry_ on
   };
 
-  // The calls of `op`: calls_of adds them (empty) if absent, calls_recorded
+  // The calls of `op`: calls_of adds them (empty) if absent, find_calls
   // returns null. The latest op found is remembered: the caching mode asks
   // for the count of an op's calls, then appends one.
   OpCalls& calls_of(const c10::OperatorHandle& op);
-  const OpCalls* calls_recorded(const c10::OperatorHandle& op) const;
+  const OpCalls* find_calls(const c10::OperatorHandle& op) const;
   // The entry of call `call` of `op`, or null for a recompute call without
-  // one. Sets `recorded` to false (and returns null) for one past the end of
-  // a forward still recording; throws past the end of a finished forward.
-  const Call* find(const c10::OperatorHandle& op, size_t call, bool& recorded) const;
-  Call* find(const c10::OperatorHandle& op, size_t call, bool& recorded) {
-    return const_cast<Call*>(std::as_const(*this).find(op, call, recorded));
+  // one. Sets `known` to false (and returns null) for one past the end of
+  // a forward still filling; throws past the end of a finished forward.
+  const Entry* find(const c10::OperatorHandle& op, size_t call, bool& known) const;
+  Entry* find(const c10::OperatorHandle& op, size_t call, bool& known) {
+    return const_cast<Entry*>(std::as_const(*this).find(op, call, known));
   }
   // A new entry for the next call of `op`.
-  Call& add(const c10::OperatorHandle& op);
+  Entry& add(const c10::OperatorHandle& op);
   // Records the structure of `outputs` in `call`, with a slot per defined
   // tensor (not kept yet); the defined tensors in order, in `tensors`.
   using Tensors = c10::SmallVector<at::Tensor, 2>;
-  static void shape_of(Call& call, c10::ArrayRef<c10::IValue> outputs, Tensors& tensors);
+  static void shape_of(Entry& call, c10::ArrayRef<c10::IValue> outputs, Tensors& tensors);
   // Keeps `call`'s slots (`tensors`, one per slot) and offloads those
   // `offload_to` accepts: the call is saved from now on.
-  void keep(Call& call, c10::ArrayRef<at::Tensor> tensors, std::shared_ptr<CopyTarget> offload_to);
+  void keep(Entry& call, c10::ArrayRef<at::Tensor> tensors, std::shared_ptr<CopyTarget> offload_to);
   void note_writes_on_kept(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> outputs);
   void watch_aliases_of_known(c10::ArrayRef<c10::IValue> values);
   // Forgets what only late decisions needed.
   void stop_tracking();
   void demote_modified();
   // The call's outputs with each slot's tensor (see Slot::tensor).
-  std::vector<c10::IValue> outputs_of(Call& call, bool consume);
-  void drop(Call& call);
+  std::vector<c10::IValue> outputs_of(Entry& call, bool consume);
+  void drop(Entry& call);
   // The first tensor of `call` modified since it was stored: its index and
   // how, or nullopt.
-  std::optional<std::pair<size_t, std::string>> first_modified(const Call& call) const;
+  std::optional<std::pair<size_t, std::string>> first_modified(const Entry& call) const;
 
   PointerMap<OpCalls> ops_;                   // by dispatch::op_key
   mutable const void* latest_key_ = nullptr;  // see calls_of
   mutable OpCalls* latest_calls_ = nullptr;
-  StableVector<Call> calls_;  // the entries, in the order recorded
+  StableVector<Entry> entries_;  // the entries, in the order recorded
   CachedStorages storages_;
   Producers producers_;  // while tracking producers
   bool track_producers_ = false;
-  bool recording_ = false;
-  size_t saved_calls_ = 0;
+  bool filling_ = false;
+  size_t kept_calls_ = 0;
   std::vector<Demotion> demotions_;
   CollectiveLedger collectives_;
 };

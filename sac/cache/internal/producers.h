@@ -24,15 +24,15 @@ namespace sac {
 
 class Producers {
  public:
-  struct Call {
+  struct CallId {
     c10::OperatorHandle op;
     size_t index;
   };
 
-  // Call `index` of `op` returned `tensors`.
+  // CallId `index` of `op` returned `tensors`.
   void note(const c10::OperatorHandle& op, size_t index, c10::ArrayRef<at::Tensor> tensors);
   // The call that returned `t`'s storage, if noted.
-  std::optional<Call> of(const at::Tensor& t) const;
+  std::optional<CallId> of(const at::Tensor& t) const;
   // Forgets the call that returned `storage`.
   void forget(const c10::StorageImpl* storage);
 
@@ -55,7 +55,7 @@ class Producers {
 
  private:
   struct Info {
-    Call call;
+    CallId call;
     c10::weak_intrusive_ptr<c10::StorageImpl> pin;
     std::vector<VersionWatch> aliases;
   };

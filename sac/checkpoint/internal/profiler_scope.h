@@ -1,6 +1,6 @@
 // A named scope in the PyTorch profiler (as torch.profiler.record_function
 // makes), for scopes whose start and end are not one C++ block: a
-// checkpointed forward begins in one call and ends in another.
+// checkpointed forward begins in one function and ends in another.
 #pragma once
 
 #include <ATen/record_function.h>

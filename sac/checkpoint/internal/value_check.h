@@ -63,11 +63,11 @@ void checksum_with_tensor_ops_for_testing(bool on);
 
 // Where a tensor the forward saved came from.
 struct SavedOrigin {
-  struct Call {
+  struct CallId {
     const RecordedOp* op = nullptr;
-    size_t call = 0;  // of `op` in the region
+    size_t index = 0;  // of `op`'s calls in the region
   };
-  std::optional<Call> made;           // the last op of the region that wrote its storage
+  std::optional<CallId> made;         // the last op of the region that wrote its storage
   const RecordedOp* saver = nullptr;  // the op whose backward saves it, if one was running
   // A state argument of the saver (RecordedOp::state_arguments): its value
   // depends on how often such ops ran, which a recomputation changes.
@@ -104,7 +104,7 @@ class OpOrigins {
     size_t depth;                     // running_.size() at the save
     const c10::StorageImpl* storage;  // alive: the saving op holds it
   };
-  std::unordered_map<const void*, SavedOrigin::Call> by_storage_;
+  std::unordered_map<const void*, SavedOrigin::CallId> by_storage_;
   std::unordered_map<const RecordedOp*, size_t> calls_;
   struct Running {
     const RecordedOp* op;

@@ -10,9 +10,9 @@
 // state into c10's ThreadLocalDebugInfo, which at::ThreadLocalState carries;
 // `carried()` finds it on whichever thread runs under that state.
 //
-//   const c10::DebugInfoKind kSlot(&kSlotName);  // one per kind of state
-//   CarriedGuard<Snapshot> carry(kSlot, snapshot_of_this_thread());
-//   engine.execute(...);   // its threads see `carried<Snapshot>(kSlot)`
+//   const c10::DebugInfoKind kKind(&kKindName);  // one per kind of state
+//   CarriedGuard<Snapshot> carry(kKind, snapshot_of_this_thread());
+//   engine.execute(...);   // its threads see `carried<Snapshot>(kKind)`
 #pragma once
 
 #include <c10/util/ThreadLocalDebugInfo.h>

@@ -151,7 +151,7 @@ struct InterceptorToken {
 
 // Makes `interceptor` the active one on this thread (it replaces, and hides,
 // the previous one until popped). Prefer `InterceptorGuard`; this pair exists
-// for contexts whose entry and exit are separate calls.
+// for contexts whose entry and exit are separate functions.
 InterceptorToken push_interceptor(OpInterceptor* interceptor);
 void pop_interceptor(const InterceptorToken& token);
 
@@ -164,7 +164,7 @@ OpInterceptor* active_interceptor();
 // the autograd engine's device threads, for a backward called inside a
 // checkpointed forward, see what the calling thread sees. Those threads, and
 // this one, take turns through them, one op at a time. sac's autograd engine
-// holds one around each backward call (sac/base/internal/saved_tensor_hooks.h).
+// holds one around each backward pass (sac/base/internal/saved_tensor_hooks.h).
 class CarryToEngineThreads {
  public:
   CarryToEngineThreads();

@@ -7,7 +7,7 @@
 // region's forward and recomputation are placed between them (positions:
 // the number of events before), with the allocations their outputs' storages
 // are, so that a plan's changes to the step are changes to this list: see
-// Note [A plan's step] in peak.cpp.
+// Note [A plan's trace] in peak.cpp.
 #pragma once
 
 #include <sac/lab/peak.h>

@@ -50,7 +50,7 @@ class Recorder final : public dispatch::OpObserver {
   Recorder(const Recorder&) = delete;
   Recorder& operator=(const Recorder&) = delete;
 
-  // Appends a Mark step for `t` (defined), the tensor autograd saves now.
+  // Appends a Mark instruction for `t` (defined), the tensor autograd saves now.
   void mark(const at::Tensor& t);
 
   // The region is over: forgets the tensors it identified.
@@ -88,7 +88,7 @@ class Recorder final : public dispatch::OpObserver {
     std::optional<size_t> snapshot;
   };
 
-  // The value `t` is now, appending Outside or Alias steps as needed.
+  // The value `t` is now, appending Outside or Alias instructions as needed.
   ValueId resolve(const at::Tensor& t);
   ValueId add_alias(const at::Tensor& t, ValueId base);
   ValueId add_outside(const at::Tensor& t);
@@ -108,7 +108,7 @@ class Recorder final : public dispatch::OpObserver {
   void take_snapshot(const at::Tensor& t, StorageState& state);
   at::Tensor copy_bytes(const c10::Storage& storage);
   // Before a call or autograd reads `t`: bytes written outside the
-  // dispatcher since they were last taken become a Fill step.
+  // dispatcher since they were last taken become a Fill instruction.
   void before_read(const at::Tensor& t);
   // An op or autograd reads `t`: its storage can no longer be made fresh.
   void note_read(const at::Tensor& t);

@@ -1,18 +1,18 @@
 // The aten op calls a region made below autograd, kept as a program that can
 // run again.
 //
-// A recording is a list of steps. Steps make tensor *values*, numbered in the
+// A recording is a list of instructions. Instructions make tensor *values*, numbered in the
 // order they are made, or hand one back to the recording's owner:
 //
 //   Call      an op call: the op, the dispatch keys it ran with, and its
 //             arguments, where each tensor is a value; it makes one value per
 //             tensor it returns.
-//   Outside   memory the region read but no step made: a parameter, a
+//   Outside   memory the region read but no instruction made: a parameter, a
 //             buffer, a tensor made before the region. It is kept as
 //             autograd keeps a saved input (a SavedVariable): then the whole
 //             storage is one value (the tensor itself when it spans it, else
 //             a one-dimensional tensor over it), and the tensors the region
-//             read on it are Alias steps of that value, so that whoever keeps
+//             read on it are Alias instructions of that value, so that whoever keeps
 //             it (autograd, an OffloadGuard's copy target) keeps one tensor,
 //             and views of it stay views of one copy. Or it is kept as a copy
 //             of the storage, which all its tensors share in replay, taken
@@ -130,7 +130,7 @@ struct Alias {
   int64_t storage_offset = 0;
 };
 
-struct Step {
+struct Instruction {
   enum class Kind : uint8_t { Call, Outside, Fill, Alias, Mark };
   Kind kind;
   // Index into the recording's vector of that kind; for Mark, the value
@@ -139,7 +139,7 @@ struct Step {
 };
 
 struct Recording {
-  std::vector<Step> steps;
+  std::vector<Instruction> instructions;
   std::vector<Call> calls;
   std::vector<Outside> outside;
   std::vector<OutsideRead> outside_reads;
@@ -154,10 +154,10 @@ struct Recording {
 
   ValueId new_value() { return values++; }
 
-  // The steps, one per line (for debugging).
+  // The instructions, one per line (for debugging).
   std::string str() const;
 
-  // Drops every step, and what it keeps.
+  // Drops every instruction, and what it keeps.
   void clear() { *this = Recording(); }
 };
 
