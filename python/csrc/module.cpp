@@ -139,7 +139,7 @@ PyObject* checkpoint_error_type = nullptr;
 PYBIND11_MODULE(_C, m) {
   using namespace sac;
   using sac::python::Mode;
-  m.doc() = "sac's C++ modes and policies; use the sac package, not this module.";
+  m.doc() = "sac's C++ modes and policies; use the torch_sac package, not this module.";
   // sac's errors read as torch's do: the message without C++ frames, and
   // the Python type torch gives each kind of c10::Error.
   py::register_exception_translator([](std::exception_ptr error) {
