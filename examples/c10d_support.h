@@ -213,33 +213,39 @@ inline c10::OperatorHandle functional_op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "");
 }
 
+// Calls a functional collective boxed: their schemas change between releases
+// (torch 2.15 made all_reduce's reduce_op and group_name `Any`, where 2.13
+// and 2.14 have `str` and `Any`), and a boxed call takes the same IValues
+// under either, where a typed call fails at run time on a signature that is
+// not the schema's.
+template <typename... Args>
+at::Tensor call_functional(const c10::OperatorHandle& op, Args&&... args) {
+  torch::jit::Stack stack{c10::IValue(std::forward<Args>(args))...};
+  op.callBoxed(stack);
+  return stack.back().toTensor();
+}
+
 inline at::Tensor all_reduce(const at::Tensor& input, const std::string& reduce_op,
                              const std::string& group) {
-  static const auto op =
-      functional_op("_c10d_functional::all_reduce")
-          .typed<at::Tensor(const at::Tensor&, std::string, const c10::IValue&)>();
-  return op.call(input, reduce_op, c10::IValue(group));
+  static const auto op = functional_op("_c10d_functional::all_reduce");
+  return call_functional(op, input, reduce_op, group);
 }
 
 inline at::Tensor all_gather_into_tensor(const at::Tensor& input, int64_t group_size,
                                          const std::string& group) {
-  static const auto op = functional_op("_c10d_functional::all_gather_into_tensor")
-                             .typed<at::Tensor(const at::Tensor&, int64_t, const c10::IValue&)>();
-  return op.call(input, group_size, c10::IValue(group));
+  static const auto op = functional_op("_c10d_functional::all_gather_into_tensor");
+  return call_functional(op, input, group_size, group);
 }
 
 inline at::Tensor reduce_scatter_tensor(const at::Tensor& input, const std::string& reduce_op,
                                         int64_t group_size, const std::string& group) {
-  static const auto op =
-      functional_op("_c10d_functional::reduce_scatter_tensor")
-          .typed<at::Tensor(const at::Tensor&, std::string, int64_t, const c10::IValue&)>();
-  return op.call(input, reduce_op, group_size, c10::IValue(group));
+  static const auto op = functional_op("_c10d_functional::reduce_scatter_tensor");
+  return call_functional(op, input, reduce_op, group_size, group);
 }
 
 inline at::Tensor wait_tensor(const at::Tensor& tensor) {
-  static const auto op =
-      functional_op("_c10d_functional::wait_tensor").typed<at::Tensor(const at::Tensor&)>();
-  return op.call(tensor);
+  static const auto op = functional_op("_c10d_functional::wait_tensor");
+  return call_functional(op, tensor);
 }
 
 // ---- Autograd Functions -----------------------------------------------------

@@ -11,6 +11,8 @@
 #include <torch/torch.h>
 
 #include <c10/core/CachingDeviceAllocator.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
 
 #include <cstdint>
 #include <functional>
@@ -329,6 +331,81 @@ TEST_F(Peak, APlanForOtherRegionsIsAClearError) {
   const std::string message = sac_test::error_of([&] { phases.predict_peak(plan); });
   EXPECT_NE(message.find("ran 4 regions, but the plan has 2 policies"), std::string::npos)
       << message;
+}
+
+// Note [The step's memory shares the profiler's slot]: c10 reports
+// allocations to the one profiler state of the thread, so a profiler and
+// the step's recording cannot both run. Either order is refused with sac's
+// error (before the slot was shared, an abort: a mutex read in the
+// recorder's memory), and the profilers work before and after.
+namespace profilers {
+
+using torch::profiler::impl::ActivityType;
+using torch::profiler::impl::ProfilerConfig;
+using torch::profiler::impl::ProfilerState;
+
+void start_kineto() {
+  const ProfilerConfig config(ProfilerState::KINETO, false, /*profile_memory=*/true);
+  torch::autograd::profiler::prepareProfiler(config, {ActivityType::CPU});
+  torch::autograd::profiler::enableProfiler(config, {ActivityType::CPU});
+}
+
+void stop_kineto() { torch::autograd::profiler::disableProfiler(); }
+
+void start_legacy() {
+  torch::autograd::profiler::enableProfilerLegacy(
+      ProfilerConfig(ProfilerState::CPU, false, /*profile_memory=*/true));
+}
+
+void stop_legacy() { torch::autograd::profiler::disableProfilerLegacy(); }
+
+}  // namespace profilers
+
+TEST_F(Peak, AProfilerRunningWhenTheStepBeginsIsRefused) {
+  Model model;
+  const std::vector<sac::Policy> nothing(4, sac::nothing_saveable());
+  model.step(nothing);
+  for (const auto& [start, stop] : {std::pair{&profilers::start_kineto, &profilers::stop_kineto},
+                                    std::pair{&profilers::start_legacy, &profilers::stop_legacy}}) {
+    start();
+    const std::string message = sac_test::error_of(
+        [&] { sac::measure_step_phases(counting_probe(), [&] { model.step(nothing); }); });
+    stop();
+    EXPECT_NE(message.find("sac::measure_step_phases: a profiler is active on this thread"),
+              std::string::npos)
+        << message;
+  }
+  // Measured without one, then profiled: both as if the other never ran.
+  EXPECT_NO_THROW(measure_full_recomputation(model));
+  profilers::start_kineto();
+  model.step(nothing);
+  EXPECT_NO_THROW(profilers::stop_kineto());
+}
+
+TEST_F(Peak, AProfilerStartedInsideTheStepIsRefused) {
+  Model model;
+  const std::vector<sac::Policy> nothing(4, sac::nothing_saveable());
+  model.step(nothing);
+  // Each profiler finds the recorder's (disabled) state in its slot and
+  // refuses to start; sac says why.
+  for (const auto start : {&profilers::start_kineto, &profilers::start_legacy}) {
+    model.zero_grad();
+    const std::string message = sac_test::error_of([&] {
+      sac::measure_step_phases(counting_probe(), [&] {
+        start();
+        model.step(nothing);
+      });
+    });
+    EXPECT_NE(message.find("Profiler is already enabled on this thread"), std::string::npos)
+        << message;
+    EXPECT_NE(message.find("sac::measure_step_phases: the step started a profiler"),
+              std::string::npos)
+        << message;
+  }
+  EXPECT_NO_THROW(measure_full_recomputation(model));
+  profilers::start_legacy();
+  model.step(nothing);
+  EXPECT_NO_THROW(profilers::stop_legacy());
 }
 
 }  // namespace

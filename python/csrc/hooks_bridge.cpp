@@ -21,11 +21,11 @@ struct PackedTensor {
   std::shared_ptr<torch::autograd::SavedVariableHooks> hooks;
 };
 
-class PythonBridge final : public detail::SavedTensorHooksBridge {
+class PythonBridge final : public sac::detail::SavedTensorHooksBridge {
  public:
-  void push(detail::SavedTensorHooksFactory factory) override {
+  void push(sac::detail::SavedTensorHooksFactory factory) override {
     py::gil_scoped_acquire gil;
-    auto make = std::make_shared<detail::SavedTensorHooksFactory>(std::move(factory));
+    auto make = std::make_shared<sac::detail::SavedTensorHooksFactory>(std::move(factory));
     py::cpp_function pack([make](const at::Tensor& tensor) -> py::object {
       std::shared_ptr<torch::autograd::SavedVariableHooks> hooks = (*make)();
       if (hooks == nullptr) {
@@ -90,7 +90,7 @@ void install_hooks_bridge(py::module_& m) {
   py::class_<PackedTensor>(m, "_PackedTensor",
                            "A tensor saved for backward and held by sac's hooks.");
   // Leaked: the bridge lives as long as the process.
-  detail::set_saved_tensor_hooks_bridge(new PythonBridge());
+  sac::detail::set_saved_tensor_hooks_bridge(new PythonBridge());
 }
 
 }  // namespace sac::python

@@ -36,7 +36,7 @@ struct DoorRegion {
   DoorRegion(const DoorRegion&) = delete;
   DoorRegion& operator=(const DoorRegion&) = delete;
   ~DoorRegion() {
-    if (detail::RegionEvents* events = detail::region_events()) {
+    if (sac::detail::RegionEvents* events = sac::detail::region_events()) {
       events->released(this);
     }
   }
@@ -52,7 +52,7 @@ class Mode {
       : region_(std::move(region)), context_(std::move(context)), kind_(kind) {}
 
   void enter() {
-    detail::RegionEvents* events = entered_ == 0 ? detail::region_events() : nullptr;
+    sac::detail::RegionEvents* events = entered_ == 0 ? sac::detail::region_events() : nullptr;
     if (events != nullptr && kind_ == Kind::Cached) {
       events->recomputation_began(region_.get());
     }
@@ -68,7 +68,7 @@ class Mode {
                 "(`with mode:`) or call __enter__ before __exit__.");
     --entered_;
     context_->exit();
-    detail::RegionEvents* events = entered_ == 0 ? detail::region_events() : nullptr;
+    sac::detail::RegionEvents* events = entered_ == 0 ? sac::detail::region_events() : nullptr;
     if (events != nullptr) {
       kind_ == Kind::Caching ? events->forward_ended(region_.get())
                              : events->recomputation_ended(region_.get());
@@ -99,7 +99,7 @@ class Region {
   void exit(bool raised) {
     TORCH_CHECK(region_, "sac.region was exited without being entered; use it as a "
                          "context manager (`with sac.region(...):`).");
-    detail::end_region(*region_, raised);
+    sac::detail::end_region(*region_, raised);
     region_.reset();
   }
 
@@ -155,7 +155,7 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_set_checkpoint_error", [](py::object type) {
     sac::python::checkpoint_error_type = type.release().ptr();
-    detail::set_checkpoint_error_translator(&sac::python::throw_as_python);
+    sac::detail::set_checkpoint_error_translator(&sac::python::throw_as_python);
   });
   sac::python::install_hooks_bridge(m);
   sac::python::add_lab(m);

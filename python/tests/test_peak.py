@@ -158,3 +158,30 @@ def test_measuring_on_several_threads_is_an_error():
     torch.set_num_threads(2)
     with pytest.raises(RuntimeError, match="intra-op threads"):
         sac.measure_step_phases(lambda: run(m, batch), **PROBE)
+
+
+def test_measuring_under_a_profiler_is_an_error():
+    """A profiler and the step's recording share c10's one slot (Note [The
+    step's memory shares the profiler's slot]): either order is refused,
+    never an abort, and both work afterwards."""
+    torch.manual_seed(0)
+    model, batch = models.gpt2()
+    m = checkpointed(model, sac.context_fn(sac.nothing_saveable()))
+    run(m, batch)
+    for profiler in (torch.profiler.profile, torch.autograd.profiler.profile):
+        with profiler():
+            with pytest.raises(RuntimeError, match="a profiler is active on this thread"):
+                sac.measure_step_phases(lambda: run(m, batch), **PROBE)
+
+        def profiled_step():
+            with profiler():
+                run(m, batch)
+
+        with pytest.raises(RuntimeError, match="the step started a profiler"):
+            sac.measure_step_phases(profiled_step, **PROBE)
+    with no_collection():
+        phases = sac.measure_step_phases(lambda: run(m, batch), **PROBE)
+    assert isinstance(phases, sac.StepPhases)
+    with torch.profiler.profile(profile_memory=True) as prof:
+        run(m, batch)
+    assert len(prof.events()) > 0

@@ -39,10 +39,15 @@ from torch.utils.checkpoint import CheckpointPolicy
 from . import _built_with
 
 if torch.__version__ != _built_with.torch_version:
+    _release = torch.__version__.split("+")[0]
     raise ImportError(
         f"torch_sac was built against torch {_built_with.torch_version} but runs beside torch "
-        f"{torch.__version__}; rebuild it beside this torch: "
-        f"pip install --no-build-isolation torch-sac (or the source tree's path)")
+        f"{torch.__version__}: its C++ binaries fit the one torch they were built against. "
+        f"Install the torch-sac wheel built for torch {_release} (its version ends in "
+        f"+torch{_release}; from a folder of wheels, pip install --no-index --find-links "
+        f"FOLDER torch-sac takes it), or build torch-sac beside this torch from sac's source "
+        f"tree: pip install scikit-build-core && pip install --no-build-isolation PATH_TO_SAC "
+        f"(docs/install.md, \"Python\").")
 
 from . import _C  # noqa: E402  (after torch: libtorch must be loaded first)
 from ._C import (  # noqa: E402
@@ -291,8 +296,25 @@ def measure_step_phases(step: Callable[[], Any], *, live: Callable[[], int],
     since the last reset, and resetting it); its allocations must reach c10's
     memory reporting, as the counting allocator's of
     benchmarks/counting_allocator.cpp do. Run it with the garbage collector
-    off (a collection inside frees other steps' memory)."""
-    return _C.measure_step_phases(step, live=live, peak=peak, reset_peak=reset_peak)
+    off (a collection inside frees other steps' memory). No profiler may run
+    during the step (torch.profiler, torch.autograd.profiler): c10 reports
+    allocations to the profiler's slot of the thread, which the recording
+    takes; one running when the step begins is refused, and one started
+    inside refuses to start."""
+
+    def recorded_step() -> None:
+        try:
+            step()
+        except RuntimeError as e:
+            if "Profiler is already enabled" not in str(e):
+                raise
+            raise RuntimeError(
+                "torch_sac.measure_step_phases: the step started a profiler, which cannot run "
+                "while sac records the step's memory (c10 reports allocations to the one "
+                "profiler slot of the thread, which the recording takes). Measure the step "
+                "with no profiler, and profile another step.") from e
+
+    return _C.measure_step_phases(recorded_step, live=live, peak=peak, reset_peak=reset_peak)
 
 
 def in_order(policies: Sequence[PolicyLike], allow_cache_entry_mutation: bool = False

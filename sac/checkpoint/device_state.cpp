@@ -50,9 +50,13 @@ ForwardState ForwardState::capture(const std::vector<at::Tensor>& inputs, bool p
 ForwardState ForwardState::capture_current(bool preserve_rng) {
   // Every device of the accelerator, not only the current one: the region
   // may run on any, and has no inputs that would say which.
+  // An accelerator compiled in but without a device (a CUDA build of torch
+  // on a machine without a driver) has no generator to capture: asking for
+  // one initializes the device, and fails.
   const std::optional<c10::DeviceType> accelerator = at::getAccelerator(false);
   std::vector<c10::Device> devices;
-  if (accelerator.has_value()) {
+  if (accelerator.has_value() &&
+      at::globalContext().getAcceleratorHooksInterface(*accelerator).isAvailable()) {
     const auto count = static_cast<c10::DeviceIndex>(at::accelerator::deviceCount());
     for (c10::DeviceIndex i = 0; i < count; ++i) {
       devices.emplace_back(*accelerator, i);

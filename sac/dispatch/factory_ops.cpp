@@ -4,6 +4,7 @@
 
 #include <string>
 #include <unordered_set>
+#include <vector>
 
 namespace sac::dispatch {
 
@@ -15,14 +16,16 @@ namespace sac::dispatch {
 // takes TensorOptions (dtype, layout, device, pin_memory) or whose name ends
 // in _like. c10 has neither a tag for these ops nor the variants in the
 // schema (new_empty takes TensorOptions too, but is a method, and its calls
-// reach the kernel), so the names are listed, from LibTorch 2.13's header,
+// reach the kernel), so the names are listed, from LibTorch's header,
 // and the schema decides the overload: the one with a `dtype` argument.
-bool per_op_kernels_miss(const c10::OperatorHandle& op) {
-  // The aten ops behind torch::'s factory functions (LibTorch 2.13's
-  // torch/csrc/autograd/generated/variable_factories.h), whose overloads
-  // with TensorOptions (a `dtype` argument) those functions call. Not
-  // aten::_to_copy: its ordinary caller, Tensor::to, is seen.
-  static const std::unordered_set<std::string> factories{
+const std::vector<const char*>& listed_factory_ops() {
+  // The aten ops behind torch::'s factory functions (LibTorch's
+  // torch/csrc/autograd/generated/variable_factories.h, the same in 2.13,
+  // 2.14 and 2.15), whose overloads with TensorOptions (a `dtype` argument)
+  // those functions call. Not aten::_to_copy: its ordinary caller,
+  // Tensor::to, is seen. tests/contract_test.cpp checks the list against the
+  // schemas the running torch registers.
+  static const std::vector<const char*> names{
       "aten::arange",
       "aten::bartlett_window",
       "aten::blackman_window",
@@ -67,7 +70,24 @@ bool per_op_kernels_miss(const c10::OperatorHandle& op) {
       "aten::_cudnn_init_dropout_state",
       "aten::_efficientzerotensor",
       "aten::_empty_affine_quantized",
-      "aten::_empty_per_channel_affine_quantized"};
+      "aten::_empty_per_channel_affine_quantized",
+      "aten::_make_dep_token",
+      "aten::_sparse_bsc_tensor_unsafe",
+      "aten::_sparse_bsr_tensor_unsafe",
+      "aten::_sparse_compressed_tensor_unsafe",
+      "aten::_sparse_compressed_tensor_with_dims",
+      "aten::_sparse_coo_tensor_unsafe",
+      "aten::_sparse_coo_tensor_with_dims",
+      "aten::_sparse_coo_tensor_with_dims_and_tensors",
+      "aten::_sparse_csc_tensor_unsafe",
+      "aten::_sparse_csr_tensor_unsafe",
+  };
+  return names;
+}
+
+bool per_op_kernels_miss(const c10::OperatorHandle& op) {
+  static const std::unordered_set<std::string> factories(listed_factory_ops().begin(),
+                                                         listed_factory_ops().end());
   if (factories.count(op.operator_name().name) == 0) {
     return false;
   }

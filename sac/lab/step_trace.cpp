@@ -11,6 +11,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/util/Exception.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
+#include <torch/csrc/profiler/orchestration/observer.h>
 
 #include <algorithm>
 #include <memory>
@@ -22,24 +23,42 @@
 namespace sac::lab {
 namespace {
 
+// Note [The step's memory shares the profiler's slot]
+// c10 reports allocations and frees to whatever its thread's debug info holds
+// under DebugInfoKind::PROFILER_STATE, and nowhere else; that slot is also
+// where the profilers (torch.profiler, the legacy and RECORD_FUNCTION ones)
+// keep their state, and their callbacks read whatever it holds *as* a
+// profiler's state. So the recorder sits in the slot as a profiler that is
+// disabled (torch::profiler::impl::ProfilerStateBase, ProfilerState::Disabled):
+// a profiler started inside the step finds a valid state there and refuses
+// to start ("Profiler is already enabled on this thread", kineto's and the
+// legacy one's alike; sac adds what it means), and should one stack its
+// state above the recorder's instead, the recorder sees that at the next op
+// and refuses the step. A profiler running when the step begins is refused
+// at once: its callbacks would read the recorder as their own state (before
+// this note, a mutex in the recorder's memory, and an abort).
+
 // Hears the step: c10's memory reports (allocations and frees, from any
 // thread), this thread's region events and op calls.
-class Recorder final : public c10::MemoryReportingInfoBase,
+class Recorder final : public torch::profiler::impl::ProfilerStateBase,
                        public detail::RegionEvents,
                        public dispatch::OpObserver {
  public:
-  Recorder(c10::Device device, c10::MemoryReportingInfoBase* previous)
-      : device_(device), previous_(previous) {}
+  explicit Recorder(c10::Device device)
+      : ProfilerStateBase(
+            torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::Disabled)),
+        device_(device) {}
 
-  // ---- c10::MemoryReportingInfoBase ----------------------------------------
+  // ---- torch::profiler::impl::ProfilerStateBase ----------------------------
+
+  torch::profiler::impl::ActiveProfilerType profilerType() override {
+    return torch::profiler::impl::ActiveProfilerType::NONE;
+  }
 
   bool memoryProfilingEnabled() const override { return true; }
 
-  void reportMemoryUsage(void* ptr, int64_t bytes, size_t total_allocated, size_t total_reserved,
-                         c10::Device device) override {
-    if (previous_ != nullptr && previous_->memoryProfilingEnabled()) {
-      previous_->reportMemoryUsage(ptr, bytes, total_allocated, total_reserved, device);
-    }
+  void reportMemoryUsage(void* ptr, int64_t bytes, size_t /*total_allocated*/,
+                         size_t /*total_reserved*/, c10::Device device) override {
     if (device.type() != device_.type() ||
         (device_.has_index() && device.index() != device_.index()) || bytes == 0) {
       return;
@@ -144,10 +163,12 @@ class Recorder final : public c10::MemoryReportingInfoBase,
   // ---- dispatch::OpObserver ---------------------------------------------------
 
   void before_op(const dispatch::ObservedOp&, c10::ArrayRef<c10::IValue>) override {
+    check_slot();
     begins_.push_back(position());
   }
 
   void after_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> outputs) override {
+    check_slot();
     if (begins_.empty()) {
       return;
     }
@@ -181,6 +202,15 @@ class Recorder final : public c10::MemoryReportingInfoBase,
       }
     }
     (forward ? region->forward : region->recompute)[call.op].push_back(std::move(traced));
+  }
+
+  // Whether c10's memory reports still come here: a profiler started inside
+  // the step takes them (Note [The step's memory shares the profiler's slot]).
+  void check_slot() {
+    refuse_if(c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) != this,
+              "a profiler was started inside the step, and c10 reports the step's "
+              "allocations to the profiler on this thread, not to sac's recording, while it "
+              "runs. Measure the step with no profiler, and profile another step");
   }
 
   StepTrace finish() {
@@ -217,7 +247,6 @@ class Recorder final : public c10::MemoryReportingInfoBase,
   }
 
   const c10::Device device_;
-  c10::MemoryReportingInfoBase* const previous_;
   std::mutex mutex_;  // the trace's events, allocations and live_
   StepTrace trace_;
   std::unordered_map<void*, size_t> live_;      // data pointer: its allocation
@@ -260,16 +289,33 @@ StepTrace record_step(const MemoryProbe& probe, const std::function<void()>& ste
       static_cast<int64_t>(at::detail::getDefaultCPUGenerator().get_state().nbytes());
   // Under per-op kernels, the cacheable ops must be intercepted to be seen.
   dispatch::intercept_ops_matching(&policy::is_cacheable);
-  auto* previous = static_cast<c10::MemoryReportingInfoBase*>(
-      c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE));
-  auto recorder = std::make_shared<Recorder>(probe.device, previous);
+  TORCH_CHECK(c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) == nullptr,
+              "sac::measure_step_phases: a profiler is active on this thread "
+              "(torch.profiler.profile, torch.autograd.profiler, or a RECORD_FUNCTION "
+              "profiler). c10 reports allocations to the profiler's thread-local state alone, "
+              "and sac's recording needs that slot for the step (Note [The step's memory "
+              "shares the profiler's slot], sac/lab/step_trace.cpp). Stop the profiler while "
+              "measuring, and profile another step.");
+  auto recorder = std::make_shared<Recorder>(probe.device);
   const int64_t base = probe.live();
   probe.reset_peak();
   {
     c10::DebugInfoGuard reporting(c10::DebugInfoKind::PROFILER_STATE, recorder);
     detail::RegionEventsGuard listening(recorder.get());
     dispatch::ObserverGuard observing(recorder.get());
-    step();
+    try {
+      step();
+    } catch (c10::Error& e) {
+      if (std::string(e.what_without_backtrace()).find("Profiler is already enabled") !=
+          std::string::npos) {
+        TORCH_RETHROW(e, "sac::measure_step_phases: the step started a profiler, which cannot "
+                         "run while sac records the step's memory (Note [The step's memory "
+                         "shares the profiler's slot], sac/lab/step_trace.cpp). Measure the step "
+                         "with no profiler, and profile another step.");
+      }
+      throw;
+    }
+    recorder->check_slot();
   }
   const int64_t measured = probe.peak() - base;
   StepTrace trace = recorder->finish();

@@ -77,10 +77,13 @@ bool writes_argument(const c10::OperatorHandle& op, size_t index, c10::ArrayRef<
 bool traced(c10::ArrayRef<c10::IValue> args) {
   using c10::impl::TorchDispatchModeKey;
   using c10::impl::TorchDispatchModeTLS;
+  // Every infra mode c10 knows is one of a tracer's (FAKE, PROXY and
+  // FUNCTIONAL to date): one that a release adds is taken for one too
+  // (docs/c10-contract.md, "Infra mode keys").
   if (TorchDispatchModeTLS::any_modes_set()) {  // rarely: skips copying the modes
-    for (const auto mode : {TorchDispatchModeKey::FAKE, TorchDispatchModeKey::PROXY,
-                            TorchDispatchModeKey::FUNCTIONAL}) {
-      if (TorchDispatchModeTLS::get_mode(mode).has_value()) {
+    constexpr int kModes = static_cast<int>(TorchDispatchModeKey::NUM_MODE_KEYS);
+    for (int mode = 0; mode < kModes; ++mode) {
+      if (TorchDispatchModeTLS::get_mode(static_cast<TorchDispatchModeKey>(mode)).has_value()) {
         return true;
       }
     }

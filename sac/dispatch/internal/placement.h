@@ -9,6 +9,7 @@
 #include <c10/core/DispatchKey.h>
 
 #include <string>
+#include <vector>
 
 namespace sac::dispatch {
 
@@ -29,6 +30,9 @@ bool fallback_key_available(std::string* reason = nullptr);
 // kernel there never runs. The same ops called as at::zeros are seen. The
 // fallback key sees every call.
 bool per_op_kernels_miss(const c10::OperatorHandle& op);
+
+// The names of those factory ops (Note [The factory ops are a list]).
+const std::vector<const char*>& listed_factory_ops();
 
 // per_op_kernels_miss(op) when the mechanism in use is PerOpKernels.
 bool mechanism_misses(const c10::OperatorHandle& op);
