@@ -273,6 +273,62 @@ TEST_P(ValueCheck, AnOpThatDrawsFromItsOwnStateIsNamed) {
   }
 }
 
+// Issue 44: random ops drawing in place into memory the region made
+// (dropout on the CPU: empty_like, bernoulli_, div_, mul), recomputed
+// without the forward's generators (preserve_rng_state off): the check let
+// them through under the region guard, whose replay runs below autograd,
+// where in-place ops bump no version. Each is named, by the op that drew.
+TEST_P(ValueCheck, RandomOpsDrawingInPlaceAreNamed) {
+  torch::manual_seed(0);
+  const at::Tensor w = torch::randn({16, 16}, torch::requires_grad());
+  const at::Tensor x = torch::randn({8, 16}, torch::requires_grad());
+  using Fill = std::function<void(at::Tensor&)>;
+  const std::vector<std::pair<Fill, std::string>> fills = {
+      {[](at::Tensor& t) { t.bernoulli_(0.5); }, "aten::bernoulli_"},
+      {[](at::Tensor& t) { t.uniform_(); }, "aten::uniform_"},
+      {[](at::Tensor& t) { t.normal_(); }, "aten::normal_"},
+      {[](at::Tensor& t) { t.random_(0, 3); }, "aten::random_"},
+      {[](at::Tensor& t) { t.exponential_(); }, "aten::exponential_"}};
+  std::vector<std::pair<Program, std::string>> programs;
+  for (const auto& [fill, name] : fills) {
+    programs.emplace_back(
+        [&, fill = fill](const at::Tensor& in) {
+          at::Tensor h = in.mm(w).tanh();
+          at::Tensor noise = torch::empty_like(h);
+          fill(noise);
+          return h * noise;
+        },
+        "made by the random op " + name);
+  }
+  programs.emplace_back(
+      [&](const at::Tensor& in) { return torch::dropout(in.mm(w).tanh(), 0.5, true) * 2; },
+      "its values drawn by the random op aten::bernoulli_");  // made by div_
+  const auto options = [](DeterminismCheck check) {
+    return with_check(check).preserve_rng_state(false);
+  };
+  for (const auto& [program, named] : programs) {
+    SCOPED_TRACE(named);
+    const ProgramRuns run(program, {x, w});
+    for (const Entry entry : entries()) {
+      SCOPED_TRACE(name_of(entry));
+      torch::manual_seed(7);
+      const auto expected = run.plain(x);
+      torch::manual_seed(7);
+      expect_silently_wrong(expected,
+                            run.checkpointed(entry, options(DeterminismCheck::Default), x));
+      torch::manual_seed(7);
+      const Outcome checked = run.checkpointed(entry, options(DeterminismCheck::Values), x);
+      expect_contains(checked.error, "gave a different value than its forward");
+      expect_contains(checked.error, named);
+      // With the forward's generators, the same program is exact.
+      torch::manual_seed(7);
+      const Outcome exact = run.checkpointed(entry, with_check(DeterminismCheck::Values), x);
+      EXPECT_TRUE(exact.error.empty()) << exact.error;
+      sac_test::expect_bit_identical(expected, exact.grads);
+    }
+  }
+}
+
 // torch::tensor(host values) in the region: aten::empty makes the storage,
 // its values come through the data pointer. (The region guard replays the
 // values it recorded: exact.)

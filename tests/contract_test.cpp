@@ -39,8 +39,8 @@ std::vector<c10::FunctionSchema> schemas_of(const std::string& name) {
   std::vector<c10::FunctionSchema> out;
   for (const c10::OperatorName& op : c10::Dispatcher::singleton().getAllOpNames()) {
     if (op.name == name) {
-      out.push_back(c10::Dispatcher::singleton().findSchemaOrThrow(op.name.c_str(),
-                                                                     op.overload_name.c_str())
+      out.push_back(c10::Dispatcher::singleton()
+                        .findSchemaOrThrow(op.name.c_str(), op.overload_name.c_str())
                         .schema());
     }
   }
@@ -60,11 +60,9 @@ TEST(C10Contract, FakeKeyIsFree) {
   // sac's fallback takes DispatchKey::Fake (c10 reserves it "for C++
   // FakeTensor mode"): nothing else may have a fallback or a kernel there.
   std::string reason;
-  EXPECT_TRUE(sac::dispatch::fallback_key_available(&reason))
-      << CONTRACT("Fake key") << reason;
-  EXPECT_TRUE(c10::Dispatcher::singleton()
-                  .getAllOpNamesForDispatchKey(c10::DispatchKey::Fake)
-                  .empty())
+  EXPECT_TRUE(sac::dispatch::fallback_key_available(&reason)) << CONTRACT("Fake key") << reason;
+  EXPECT_TRUE(
+      c10::Dispatcher::singleton().getAllOpNamesForDispatchKey(c10::DispatchKey::Fake).empty())
       << CONTRACT("Fake key") << "ops have kernels on DispatchKey::Fake";
   // Below autograd and ADInplaceOrView, so that an intercepted call is one
   // autograd has recorded already.
@@ -114,8 +112,7 @@ TEST(C10Contract, FactoryOpsMatchTheRegisteredSchemas) {
   // every one listed there must still exist, with a `dtype` overload.
   // Not factory functions: ops whose TensorOptions are only a method's.
   const std::set<std::string> methods_only{"aten::new_empty", "aten::new_empty_strided",
-                                           "aten::new_full", "aten::new_ones",
-                                           "aten::new_zeros"};
+                                           "aten::new_full", "aten::new_ones", "aten::new_zeros"};
   std::set<std::string> factories;
   std::set<std::string> with_dtype;
   for (const c10::OperatorName& name : c10::Dispatcher::singleton().getAllOpNames()) {
@@ -123,7 +120,7 @@ TEST(C10Contract, FactoryOpsMatchTheRegisteredSchemas) {
       continue;
     }
     const auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name.name.c_str(),
-                                                                     name.overload_name.c_str());
+                                                                   name.overload_name.c_str());
     const c10::FunctionSchema& schema = op.schema();
     if (!has_argument(schema, "dtype")) {
       continue;
@@ -198,10 +195,9 @@ TEST(C10Contract, SavedTensorHooksStateKeepsWhatTheBridgeSetsAside) {
                     << "the state's other fields did not survive a write of its stack";
   EXPECT_FALSE(at::SavedTensorDefaultHooks::get_hooks().has_value())
       << CONTRACT("Saved-tensor hooks state") << "an empty stack still gives hooks";
-  static_assert(
-      std::is_same_v<decltype(at::impl::SavedTensorDefaultHooksTLS::stack),
-                     std::stack<std::pair<c10::SafePyObject, c10::SafePyObject>>>,
-      "c10 contract, \"Saved-tensor hooks state\": the stack's type changed");
+  static_assert(std::is_same_v<decltype(at::impl::SavedTensorDefaultHooksTLS::stack),
+                               std::stack<std::pair<c10::SafePyObject, c10::SafePyObject>>>,
+                "c10 contract, \"Saved-tensor hooks state\": the stack's type changed");
 }
 
 // Counts what c10 reports to the thread's profiler slot.
@@ -222,10 +218,10 @@ TEST(C10Contract, MemoryReportsReachTheProfilerSlot) {
     c10::DebugInfoGuard guard(c10::DebugInfoKind::PROFILER_STATE, reports);
     at::Tensor t = at::empty({256}, at::kFloat);
   }
-  EXPECT_EQ(reports->allocated, 1024) << CONTRACT("Memory reports")
-                                      << "the CPU allocator's allocation was not reported";
-  EXPECT_EQ(reports->freed, -1024) << CONTRACT("Memory reports")
-                                   << "the CPU allocator's free was not reported";
+  EXPECT_EQ(reports->allocated, 1024)
+      << CONTRACT("Memory reports") << "the CPU allocator's allocation was not reported";
+  EXPECT_EQ(reports->freed, -1024)
+      << CONTRACT("Memory reports") << "the CPU allocator's free was not reported";
 }
 
 TEST(C10Contract, VersionCounterIsOneSharedPointer) {
@@ -263,7 +259,11 @@ TEST(C10Contract, EngineStubGivesSavedVariablesSacsHooks) {
   // sac replaces the default engine, once per process, with one that answers
   // get_default_saved_variable_hooks (sac/base/saved_tensor_hooks.cpp); a
   // SavedVariable asks the default engine when it is made.
-  sac::detail::install_hooking_engine();
+  try {
+    sac::detail::install_hooking_engine();
+  } catch (const c10::Error& e) {
+    FAIL() << CONTRACT("Engine stub") << e.what_without_backtrace();
+  }
   int packs = 0;
   at::Tensor x = torch::ones({3}, torch::requires_grad());
   at::Tensor y;

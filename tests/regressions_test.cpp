@@ -3,6 +3,8 @@
 // dispatch mechanisms by ctest. Each says what it once did.
 #include "support.h"
 
+#include <sac/dispatch/internal/interceptor.h>
+
 #include <thread>
 
 namespace regressions_test {
@@ -212,6 +214,72 @@ TEST_F(Regressions, OutsideTensorsThatDoNotChangeTheResultAreAccepted) {
   expect_bit_identical(bn_expected, bn_actual);
 }
 
+// Issue 44: a tensor from before the region (a scratch buffer, FSDP's
+// unsharded parameter, a cache) written whole inside it, and only then read.
+// The recomputation writes it again before it reads it, and so reads what
+// the forward read: exact, as without checkpointing (Note [Overwritten
+// before read]), where the check raised that it "was modified in place
+// after the forward read it". Written in part, or read first, it is still
+// checked (the tests above).
+TEST_F(Regressions, OutsideBufferOverwrittenWholeBeforeItIsReadIsExact) {
+  torch::manual_seed(0);
+  auto a = torch::randn({3, 4}, torch::requires_grad());
+  auto w = torch::randn({4}, torch::requires_grad());
+  // A new buffer for each step: a buffer written with grad keeps the last
+  // step's graph in its history.
+  at::Tensor buf;
+  auto f = [&](const at::Tensor& in) {
+    buf.copy_(in.sin());
+    return (buf.mean(1, /*keepdim=*/true) * in * w).tanh();
+  };
+  auto step = [&](const std::function<at::Tensor()>& forward) {
+    buf = torch::zeros({3, 4});
+    return run_and_grad(forward, {a}, {w});
+  };
+  const auto expected = step([&] { return f(a); });
+  for (const bool selective : {false, true}) {
+    SCOPED_TRACE(selective ? "selective" : "full recompute");
+    auto options = selective ? saving({"aten::mul.Tensor"}) : sac::CheckpointOptions();
+    expect_bit_identical(expected, step([&] { return sac::checkpoint(options, f, a); }));
+  }
+  // Written whole by an out= op (no grad), and read by an in-place op.
+  auto g = [&](const at::Tensor& in) {
+    at::mul_out(buf, in.detach(), 3.0);
+    auto h = in.sin();
+    h.add_(buf);
+    return h * w;
+  };
+  SCOPED_TRACE("out=");
+  expect_bit_identical(step([&] { return g(a); }), step([&] { return sac::checkpoint(g, a); }));
+}
+
+// The same buffer written with grad and read by an op that saves it,
+// backwarded twice (retain_graph, which full recomputation allows): each
+// recomputation writes it again, and the second backward found it at the
+// first recomputation's version ("a tensor saved inside a checkpointed
+// region is at version 2; expected version 1").
+TEST_F(Regressions, OutsideBufferOverwrittenWholeBackwardTwiceIsExact) {
+  torch::manual_seed(0);
+  auto a = torch::randn({3, 4}, torch::requires_grad());
+  auto w = torch::randn({4}, torch::requires_grad());
+  at::Tensor buf;
+  auto f = [&](const at::Tensor& in) {
+    buf.copy_(in * 2);
+    return (buf * w).sin().sum();
+  };
+  auto twice = [&](const std::function<at::Tensor()>& forward) {
+    buf = torch::zeros({3, 4});
+    const at::Tensor y = forward();
+    auto first = torch::autograd::grad({y}, {a, w}, {}, /*retain_graph=*/true);
+    auto second = torch::autograd::grad({y}, {a, w});
+    first.insert(first.end(), second.begin(), second.end());
+    return first;
+  };
+  const auto expected = twice([&] { return f(a); });
+  const auto actual = twice([&] { return sac::checkpoint(f, a); });
+  expect_bit_identical(expected, actual);
+}
+
 TEST_F(Regressions, OutsideTensorCheckCanBeTurnedOff) {
   torch::manual_seed(0);
   auto a = torch::randn({3, 3}, torch::requires_grad());
@@ -266,6 +334,103 @@ TEST_F(Regressions, EarlyStopSurvivesUserCodeCatchingStdException) {
   const auto actual = run_and_grad([&] { return sac::checkpoint(f, x); }, {x}, {});
   expect_bit_identical(expected, actual);
   EXPECT_EQ(swallowed, 1);
+}
+
+// Issue 44: the same catch block running an op the forward never ran, under
+// a callback policy: the op cache raised "aten::add.Scalar ran during
+// recomputation but never in the checkpointed forward" though forward and
+// recomputation agree up to the stop. The stop is sticky (Note [Early stop
+// cannot be swallowed]): the catch block's first op throws it again.
+TEST_F(Regressions, EarlyStopIsNotSwallowedByACatchThatRunsNewOps) {
+  torch::manual_seed(0);
+  auto x = torch::randn({4}, torch::requires_grad());
+  int swallowed = 0;
+  auto f = [&](const at::Tensor& a) {
+    at::Tensor h;
+    try {
+      h = (a.sin().exp() * 3).tanh() + a.cos();
+    } catch (const std::exception&) {
+      ++swallowed;
+      h = a.add(1.0).sin();  // never run in the forward
+    }
+    return h;
+  };
+  const auto expected = run_and_grad([&] { return f(x); }, {x}, {});
+  for (const bool callback : {true, false}) {
+    SCOPED_TRACE(callback ? "callback policy" : "op list");
+    swallowed = 0;
+    auto options = sac::CheckpointOptions().policy(callback ? save_everything()
+                                                            : sac::Policy::save_ops({"aten::exp"}));
+    const auto actual = run_and_grad([&] { return sac::checkpoint(options, f, x); }, {x}, {});
+    expect_bit_identical(expected, actual);
+    EXPECT_EQ(swallowed, 1);
+  }
+}
+
+// Issue 44: sac's own error in a recomputation (here: a selective region
+// backwarded a second time) caught by the same catch block, which then ran
+// ops the forward never ran: the user saw the error that followed ("never in
+// the checkpointed forward"), not sac's. The first error is sticky too.
+TEST_F(Regressions, AnErrorOfTheRecomputationIsNotSwallowedByACatch) {
+  torch::manual_seed(0);
+  auto x = torch::randn({4}, torch::requires_grad());
+  int swallowed = 0;
+  auto f = [&](const at::Tensor& a) {
+    at::Tensor h;
+    try {
+      h = (a.sin().exp() * 3).tanh();
+    } catch (const std::exception&) {
+      ++swallowed;
+      h = a.add(1.0).sin();
+    }
+    return h;
+  };
+  const auto y = sac::checkpoint(sac::CheckpointOptions().policy(save_everything()), f, x).sum();
+  torch::autograd::grad({y}, {x}, {}, /*retain_graph=*/true);
+  const std::string message =
+      error_of<sac::CheckpointError>([&] { torch::autograd::grad({y}, {x}); });
+  EXPECT_NE(message.find("backward an extra time"), std::string::npos) << message;
+  EXPECT_EQ(swallowed, 2);  // the first backward's early stop, the second's error
+}
+
+// Issue 44: an in-place op that saves its own output (relu_, sigmoid_, exp_,
+// tanh_) on a select or narrow view in the region, then a double backward:
+// autograd unpacks that output twice in the second backward (Note [A view
+// saved by an in-place op is unpacked twice]), and sac raised "a saved tensor
+// is being unpacked a second time in the same backward pass" (PyTorch's
+// checkpoint raises the same). Exact, in sac::checkpoint and in the region.
+TEST_F(Regressions, DoubleBackwardAfterAnInPlaceOpOnAViewIsExact) {
+  torch::manual_seed(0);
+  auto x = torch::randn({3, 4}, torch::requires_grad());
+  using InPlace = std::function<void(at::Tensor)>;
+  const std::vector<std::pair<std::string, InPlace>> ops = {
+      {"relu_", [](at::Tensor v) { v.relu_(); }},
+      {"sigmoid_", [](at::Tensor v) { v.sigmoid_(); }},
+      {"exp_", [](at::Tensor v) { v.exp_(); }},
+      {"tanh_", [](at::Tensor v) { v.tanh_(); }}};
+  for (const auto& [name, op] : ops) {
+    for (const bool narrow : {false, true}) {
+      SCOPED_TRACE(name + (narrow ? " on narrow" : " on select"));
+      auto f = [&, op = op, narrow = narrow](const at::Tensor& a) {
+        auto h = a * 2;
+        op(narrow ? h.narrow(1, 1, 2) : h.select(0, 1));
+        return h.sin();
+      };
+      auto second = [&](const std::function<at::Tensor(const at::Tensor&)>& forward) {
+        const auto g = torch::autograd::grad({forward(x).sum()}, {x}, {}, true, true)[0];
+        return torch::autograd::grad({(g * g).sum()}, {x});
+      };
+      const auto expected = second(f);
+      expect_bit_identical(expected,
+                           second([&](const at::Tensor& a) { return sac::checkpoint(f, a); }));
+      if (sac::dispatch::observers_see_every_op()) {  // the region guard needs the fallback key
+        expect_bit_identical(expected, second([&](const at::Tensor& a) {
+                               sac::CheckpointRegion region;
+                               return f(a);
+                             }));
+      }
+    }
+  }
 }
 
 // 5. is in dispatch_late_registration_test.cpp: it needs a process of its own.

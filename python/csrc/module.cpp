@@ -108,6 +108,26 @@ class Region {
   std::optional<CheckpointRegion> region_;
 };
 
+// A compiled function called in a region is traced there, and the region
+// refuses the trace from the dispatcher (sac/record/recorder.cpp). Dynamo
+// wraps what a trace raises in its InternalTorchDynamoError, which reads as
+// a bug of Dynamo's: the region's exit raises sac's refusal in its place,
+// chained to Dynamo's (which stays as its cause).
+void raise_trace_refusal_first(py::handle raised) {
+  static constexpr const char* kRefusal = "sac::CheckpointRegion: the region runs";
+  const std::string message = py::str(raised);
+  const size_t at = message.find(kRefusal);
+  const std::string type = py::str(py::type::handle_of(raised).attr("__qualname__"));
+  if (at == std::string::npos || type.find("Dynamo") == std::string::npos) {
+    return;
+  }
+  py::object refusal = py::reinterpret_steal<py::object>(
+      PyObject_CallFunction(PyExc_RuntimeError, "s", message.substr(at).c_str()));
+  PyException_SetCause(refusal.ptr(), py::reinterpret_borrow<py::object>(raised).release().ptr());
+  PyErr_SetObject(PyExc_RuntimeError, refusal.ptr());
+  throw py::error_already_set();
+}
+
 py::tuple contexts(const Policy& policy, bool allow_cache_entry_mutation,
                    std::shared_ptr<RegionStatistics> statistics) {
   SelectiveCheckpointContexts pair = create_selective_checkpoint_contexts(
@@ -228,12 +248,16 @@ PYBIND11_MODULE(_C, m) {
             END_HANDLE_TH_ERRORS_PYBIND
           },
           py::return_value_policy::reference)
-      .def("__exit__", [](sac::python::Region& region, py::handle type, py::args) {
-        HANDLE_TH_ERRORS
-        region.exit(!type.is_none());
-        return false;
-        END_HANDLE_TH_ERRORS_PYBIND
-      });
+      .def("__exit__",
+           [](sac::python::Region& region, py::handle type, py::handle value, py::handle) {
+             HANDLE_TH_ERRORS
+             region.exit(!type.is_none());
+             if (!value.is_none()) {
+               sac::python::raise_trace_refusal_first(value);
+             }
+             return false;
+             END_HANDLE_TH_ERRORS_PYBIND
+           });
 
   m.def("create_selective_checkpoint_contexts", &sac::python::contexts, py::arg("policy"),
         py::arg("allow_cache_entry_mutation") = false, py::arg("statistics") = nullptr);

@@ -130,6 +130,39 @@ def test_an_outside_tensor_modified_before_backward_is_an_error():
 
 
 @needs_fallback
+@pytest.mark.parametrize("masked", ["dropout", "bernoulli_"])
+def test_the_value_check_names_dropout_without_the_generators(masked):
+    """Issue 44: dropout on the CPU draws its mask in place (empty_like,
+    bernoulli_, div_); recomputed without the forward's generators, the
+    values check names the random op instead of letting wrong gradients
+    through."""
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, requires_grad=True)
+    x = torch.randn(8, 16, requires_grad=True)
+
+    def run(**options):
+        torch.manual_seed(7)
+        with sac.region(None, preserve_rng_state=False, **options):
+            h = (x @ w).tanh()
+            if masked == "dropout":
+                y = torch.nn.functional.dropout(h, 0.5)
+            else:
+                y = h * torch.empty_like(h).bernoulli_(0.5)
+        return torch.autograd.grad(y.sum(), [x, w])
+
+    torch.manual_seed(7)
+    h = (x @ w).tanh()
+    plain = torch.nn.functional.dropout(h, 0.5) if masked == "dropout" else (
+        h * torch.empty_like(h).bernoulli_(0.5))
+    expected = torch.autograd.grad(plain.sum(), [x, w])
+    unchecked = run()
+    assert not torch.equal(unchecked[1], expected[1])
+    with pytest.raises(torch.utils.checkpoint.CheckpointError,
+                       match=r"the random op aten::bernoulli_.*preserve_rng_state\(false\)"):
+        run(determinism_check="values")
+
+
+@needs_fallback
 def test_the_value_check_names_a_write_behind_autograds_back():
     """`.data` writes without moving the version counter: the default check
     passes with wrong gradients; determinism_check="values" names it."""

@@ -1,4 +1,5 @@
 #include <sac/base/internal/check.h>
+#include <sac/base/internal/early_stop.h>
 
 #include <atomic>
 
@@ -11,6 +12,7 @@ thread_local bool untranslated = false;
 }  // namespace
 
 void throw_checkpoint_error(CheckpointError error) {
+  note_recomputation_error(error);  // Note [Early stop cannot be swallowed]
   // See Note [CheckpointError in Python].
   if (CheckpointErrorTranslator translate = translator.load(); translate && !untranslated) {
     translate(error);

@@ -1,5 +1,6 @@
 #include <sac/cache/internal/modes.h>
 
+#include <sac/base/internal/early_stop.h>
 #include <sac/base/internal/generators.h>
 #include <sac/base/internal/region_events.h>
 
@@ -323,6 +324,9 @@ void CachedMode::on_outermost_exit() {
 
 void CachedMode::intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
                            torch::jit::Stack* stack) {
+  // A stopped recomputation whose stop a catch block swallowed runs no
+  // further op (Note [Early stop cannot be swallowed]).
+  detail::throw_if_recomputation_stopped();
   // Checked whether served or run: a served call is the forward's call of
   // the same index, so a mismatch means the region took another path.
   const OpFacts facts = this->facts(op);

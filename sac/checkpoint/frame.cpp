@@ -1,6 +1,7 @@
 #include <sac/checkpoint/internal/frame.h>
 
 #include <sac/base/internal/check.h>
+#include <sac/base/internal/early_stop.h>
 #include <sac/base/internal/storage_key.h>
 #include <sac/base/internal/version_watch.h>
 #include <sac/checkpoint/graph_exec_group.h>
@@ -19,26 +20,20 @@
 
 namespace sac::detail {
 
-// Thrown by the recompute hooks once every holder is filled; caught by
-// recompute(). It must be a std::exception: when the checkpointed function
-// runs a backward of its own (torch::autograd::grad inside the region), the
-// hook throws from inside that nested backward, and the autograd engine
-// cleans up (and hands the exception to its caller) only for std::exception;
-// anything else unwinds past its bookkeeping and corrupts it. User code that
-// catches and swallows it gets it again at the next saved tensor.
-struct StopRecomputation final : std::exception {
-  const char* what() const noexcept override {
-    return "sac: recomputation stopped early (every saved tensor is "
-           "recomputed); this exception is internal to sac::checkpoint";
-  }
-};
-
 // One tensor saved in forward: what it is replaced with in the graph.
 struct Holder {
-  explicit Holder(const at::Tensor& packed) : packed_version(packed) {}
+  explicit Holder(const at::Tensor& packed)
+      : packed_version(packed), unpacked_more_than_once(packed.is_view()) {}
   // Autograd checks a saved tensor's version when it is unpacked, but not
   // when hooks hold it: this restores that check (see check_not_modified).
   VersionWatch packed_version;
+  // Note [A view saved by an in-place op is unpacked twice]: autograd saves
+  // the output of an in-place op on a view (relu_, exp_ on a select) for a
+  // node that a double backward runs twice in one pass: as a node of its
+  // own (the unpacked output's grad_fn) and inside the base's CopySlices.
+  // The recomputed value of a view stays in its holder, then, for a second
+  // unpack; other values are handed over, and freed with their node.
+  bool unpacked_more_than_once;
   struct Recomputed {
     at::Tensor value;
     bool unpacked = false;
@@ -195,12 +190,41 @@ at::Tensor CheckpointFrame::unpack_unchecked(Holder& holder) {
                        "region that threw.");
   const int64_t graph_task = current_graph_task();
   if (!passes_[graph_task].recomputed) {
+    // The views earlier passes kept for a second unpack (Note [A view saved
+    // by an in-place op is unpacked twice]) are not kept through this one.
+    for (const auto& weak : holders_) {
+      if (auto kept = weak.lock(); kept && kept->unpacked_more_than_once) {
+        for (auto& [task, recomputed] : kept->recomputed) {
+          if (recomputed.unpacked) {
+            recomputed.value = at::Tensor();
+          }
+        }
+      }
+    }
+    // A saved tensor that the region overwrites whole before reading it (a
+    // buffer: Note [Overwritten before read]) is written again by the
+    // recomputation, with what the forward wrote: its new version is the
+    // recomputation's own, and the check of a later backward starts there.
+    std::vector<std::shared_ptr<Holder>> overwritten;
+    for (const auto& weak : holders_) {
+      auto holder = weak.lock();
+      if (holder && !holder->packed_version.changed() &&
+          recomputation_->overwrites_before_reading(holder->packed_version.identity())) {
+        overwritten.push_back(std::move(holder));
+      }
+    }
     recompute(graph_task);
+    for (const auto& holder : overwritten) {
+      holder->packed_version.rebase();
+    }
     passes_[graph_task].recomputed = true;
     check_recomputed_tensors_match(graph_task);
   }
   auto entry = holder.recomputed.find(graph_task);
   TORCH_INTERNAL_ASSERT(entry != holder.recomputed.end(), "sac: a saved tensor was not recomputed");
+  if (entry->second.unpacked && holder.unpacked_more_than_once && entry->second.value.defined()) {
+    return entry->second.value;
+  }
   SAC_CHECKPOINT_CHECK(!entry->second.unpacked, config_.api,
                        ": a saved tensor is being unpacked a second time in the "
                        "same backward pass. ",
@@ -213,7 +237,7 @@ at::Tensor CheckpointFrame::unpack_unchecked(Holder& holder) {
                        "A custom autograd function must read its saved tensors once per "
                        "backward (call ctx->get_saved_variables() once).");
   entry->second.unpacked = true;
-  return std::move(entry->second.value);
+  return holder.unpacked_more_than_once ? entry->second.value : std::move(entry->second.value);
 }
 
 void CheckpointFrame::recompute(int64_t graph_task) {
@@ -245,6 +269,7 @@ void CheckpointFrame::recompute(int64_t graph_task) {
       log.emplace(recompute_log_, config_.debug_backtraces);
     }
     try {
+      RecomputationScope pass_scope;
       pass->run();
     } catch (const StopRecomputation&) {
     }
@@ -262,9 +287,10 @@ void CheckpointFrame::save_recomputed(int64_t graph_task, const at::Tensor& valu
   // in-place op on a buffer) before the forward runs them. So it always
   // stops once the holders made so far are filled, early stop or not.
   const bool stop_when_filled = config_.early_stop || !forward_completed_;
+  throw_if_recomputation_stopped();  // stopped or failed, and caught in the region
   PassState& pass = passes_[graph_task];
   if (stop_when_filled && pass.saved >= holders_.size()) {
-    throw StopRecomputation{};  // the first one was caught by user code
+    stop_recomputation();  // the first one was caught by user code
   }
   const size_t index = pass.saved++;
   SAC_CHECKPOINT_CHECK(index < holders_.size(), config_.api,
@@ -285,7 +311,7 @@ void CheckpointFrame::save_recomputed(int64_t graph_task, const at::Tensor& valu
     entry = {value, false};
   }
   if (stop_when_filled && pass.saved == holders_.size()) {
-    throw StopRecomputation{};
+    stop_recomputation();  // Note [Early stop cannot be swallowed]
   }
 }
 
@@ -381,7 +407,13 @@ void CheckpointFrame::check_value(size_t index, const at::Tensor& value, PassSta
     value_differs(index,
                   "Forward: " + metadata_[index].str() + "; recomputed: " + recomputed.str() + ".");
   }
-  if (values_[index].written_by_region || version_of(value) != values_[index].version) {
+  // A version that differs is a change to an outside tensor, for the
+  // outside-tensor check and autograd to judge. A tensor the region made is
+  // compared whatever its version: a region's replay runs below autograd,
+  // where in-place ops (dropout's bernoulli_ and div_ on its mask) bump no
+  // version.
+  if (values_[index].written_by_region ||
+      (!origins_.saved(index).made.has_value() && version_of(value) != values_[index].version)) {
     return;
   }
   ValueChecksum checksum = ValueChecksum::of(value);
@@ -416,13 +448,17 @@ void CheckpointFrame::value_differs(size_t index, const std::string& what) const
       c10::str(config_.api, ": the recomputation of ", region_name(),
                " gave a different value than its forward to tensor ", index, " of the ",
                holders_.size(), " that autograd saved there: ", origins_.saved(index).describe(),
-               ". ", what,
-               " The gradients would be wrong. The region read different values when "
-               "recomputed: state changed between the forward and the backward (a write through "
-               "data_ptr() behind autograd's back, an op that draws from its own state) or a "
-               "kernel is not deterministic. Keep the output of the op that made it (a policy "
-               "that saves it; for ops that decide shapes and control flow, any_of({policy, "
-               "sac::shape_deciding_ops()})), or make what it reads stable. ",
+               ". ", what, " The gradients would be wrong. ",
+               origins_.saved(index).drawn.has_value() && !config_.preserve_rng_state
+                   ? "A random op drew its values, and the recomputation runs without the "
+                     "forward's generator states (preserve_rng_state(false)): preserve them, "
+                     "or keep the random op's output (a policy that saves it). "
+                   : "The region read different values when recomputed: state changed between "
+                     "the forward and the backward (a write through data_ptr() behind "
+                     "autograd's back, an op that draws from its own state) or a kernel is not "
+                     "deterministic. Keep the output of the op that made it (a policy that "
+                     "saves it; for ops that decide shapes and control flow, any_of({policy, "
+                     "sac::shape_deciding_ops()})), or make what it reads stable. ",
                kDebugTip)));
 }
 

@@ -14,6 +14,7 @@ FrameConfig frame_config(const CheckpointOptions& options) {
   config.determinism_check = check != DeterminismCheck::None;
   config.value_check = check == DeterminismCheck::Values;
   config.name = options.name();
+  config.preserve_rng_state = options.preserve_rng_state();
   return config;
 }
 

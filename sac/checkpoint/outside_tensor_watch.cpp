@@ -17,11 +17,26 @@ bool makes_new_tensors(const c10::OperatorHandle& op) {
   return true;
 }
 
+// Whether `op` is a view (its outputs alias its inputs and it writes
+// none): it reads no values, until something reads the view.
+bool is_view(const c10::OperatorHandle& op) {
+  const auto& returns = op.schema().returns();
+  for (const auto& ret : returns) {
+    if (ret.alias_info() == nullptr || ret.alias_info()->isWrite()) {
+      return false;
+    }
+  }
+  return !returns.empty();
+}
+
 }  // namespace
 
 // Calls `f(index, tensor)` for each tensor that `op` reads in `args`.
 template <class F>
 void for_each_read(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, F&& f) {
+  if (is_view(op)) {
+    return;
+  }
   for (size_t i = 0; i < args.size(); ++i) {
     if (!dispatch::writes_argument(op, i, args)) {
       dispatch::for_each_tensor(args[i], [&](const at::Tensor& t) { f(i, t); });
@@ -43,11 +58,31 @@ void OutsideTensorWatch::note(const at::Tensor& t, bool made_inside) {
   }
 }
 
+bool OutsideTensorWatch::owned_by_region(const void* counter) const {
+  const auto it = seen_.find(counter);
+  return it != seen_.end() && it->second.made_inside;
+}
+
 void OutsideTensorWatch::Recorder::before_op(const dispatch::ObservedOp& call,
                                              c10::ArrayRef<c10::IValue> args) {
   const c10::OperatorHandle& op = call.op;
   for_each_read(op, args,
                 [&](size_t, const at::Tensor& t) { watch_.note(t, /*made_inside=*/false); });
+  // Note [Overwritten before read]: a tensor from outside that the region
+  // overwrites whole (buf.copy_(a), an out= argument) before any op reads
+  // it holds, from then on, what the region wrote: the recomputation writes
+  // it again before reading it, and reads what the forward read. It is the
+  // region's own, as a tensor the region made is. (Written in part, or
+  // read first, it stays outside and is checked.)
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (dispatch::writes_argument(op, i, args) && dispatch::overwrites_argument(op, i)) {
+      dispatch::for_each_tensor(args[i], [&](const at::Tensor& t) {
+        if (dispatch::spans_storage(t)) {
+          watch_.note(t, /*made_inside=*/true);
+        }
+      });
+    }
+  }
 }
 
 void OutsideTensorWatch::Recorder::after_op(const dispatch::ObservedOp& call,

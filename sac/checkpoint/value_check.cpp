@@ -297,6 +297,9 @@ void OpOrigins::note_outputs(const RecordedOp* op, c10::ArrayRef<c10::IValue> ou
       dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
         if (const c10::StorageImpl* storage = storage_key(t)) {
           by_storage_[storage] = {op, call};
+          if (op->random) {
+            drawn_by_storage_[storage] = {op, call};
+          }
           written.push_back(storage);
         }
       });
@@ -318,6 +321,9 @@ void OpOrigins::note_saved(const at::Tensor& saved) {
   const auto it = by_storage_.find(storage);
   if (it != by_storage_.end()) {
     origin.made = it->second;
+  }
+  if (const auto drawn = drawn_by_storage_.find(storage); drawn != drawn_by_storage_.end()) {
+    origin.drawn = drawn->second;
   }
   if (!running_.empty()) {
     const Running& running = running_.back();
@@ -344,10 +350,20 @@ std::string SavedOrigin::describe() const {
     return "host data: made by " + made->op->name + call +
            ", then filled through its data pointer, as torch::tensor(...) fills it" + saved_by;
   }
+  // A random op's draws differ in a recomputation that does not restore
+  // the generators (preserve_rng_state off), in place too (dropout's mask:
+  // empty_like, then bernoulli_, then div_).
+  const bool made_by_random = drawn.has_value() && drawn->op == made->op;
+  const std::string maker = (made_by_random ? "the random op " : "") + made->op->name + call;
+  const std::string drawn_by = drawn.has_value() && !made_by_random
+                                   ? ", its values drawn by the random op " + drawn->op->name +
+                                         " (its call " + std::to_string(drawn->index) +
+                                         " in the region)"
+                                   : "";
   if (made->op == saver) {
-    return "made and saved for backward by " + made->op->name + call;
+    return "made and saved for backward by " + maker + drawn_by;
   }
-  return "made by " + made->op->name + call + saved_by;
+  return "made by " + maker + drawn_by + saved_by;
 }
 
 OriginScope::OriginScope(OpOrigins& origins) { tls_origins.push(&origins); }

@@ -1,6 +1,8 @@
 #include <sac/dispatch/internal/boxed.h>
 
 #include <algorithm>
+#include <string>
+#include <unordered_set>
 #include <vector>
 
 namespace sac::dispatch {
@@ -44,6 +46,24 @@ bool writes_argument(const c10::OperatorHandle& op, size_t index, c10::ArrayRef<
   const auto& legacy = legacy_batch_norms();
   return std::find(legacy.begin(), legacy.end(), op) != legacy.end() && args.size() > 5 &&
          args[5].isBool() && args[5].toBool();
+}
+
+bool overwrites_argument(const c10::OperatorHandle& op, size_t index) {
+  const c10::Argument& argument = op.schema().arguments()[index];
+  if (argument.is_out()) {
+    return true;
+  }
+  static const std::unordered_set<std::string> names{
+      "aten::copy_",      "aten::fill_",   "aten::zero_",      "aten::normal_",
+      "aten::uniform_",   "aten::random_", "aten::bernoulli_", "aten::exponential_",
+      "aten::geometric_", "aten::cauchy_", "aten::log_normal_"};
+  return index == 0 && argument.alias_info() != nullptr && argument.alias_info()->isWrite() &&
+         names.count(op.operator_name().name) != 0;
+}
+
+bool spans_storage(const at::Tensor& t) {
+  return t.has_storage() && t.storage_offset() == 0 && t.is_contiguous() &&
+         t.nbytes() == t.storage().nbytes();
 }
 
 }  // namespace sac::dispatch

@@ -14,15 +14,6 @@
 namespace sac::record {
 namespace {
 
-// In-place ops whose result does not depend on what `self` held.
-bool overwrites_self(const c10::OperatorHandle& op) {
-  static const std::unordered_set<std::string> names{
-      "aten::copy_",      "aten::fill_",   "aten::zero_",      "aten::normal_",
-      "aten::uniform_",   "aten::random_", "aten::bernoulli_", "aten::exponential_",
-      "aten::geometric_", "aten::cauchy_", "aten::log_normal_"};
-  return names.count(op.operator_name().name) != 0;
-}
-
 // How ops whose schemas do not declare what they write write their
 // arguments: c10d's ops on a ProcessGroup (c10d::_allgather_base_ takes a
 // plain `Tensor output_tensor`) write their output arguments whole and
@@ -61,7 +52,7 @@ bool reads_argument(const c10::OperatorHandle& op, size_t index) {
   if (alias == nullptr) {
     return true;
   }
-  return alias->isWrite() && !argument.is_out() && !(index == 0 && overwrites_self(op));
+  return alias->isWrite() && !dispatch::overwrites_argument(op, index);
 }
 
 bool writes_argument(const c10::OperatorHandle& op, size_t index, c10::ArrayRef<c10::IValue> args) {
@@ -157,10 +148,6 @@ bool holds_tensor(const c10::IValue& value) {
 bool owns_memory(const at::Tensor& t) { return t.storage().allocator() != nullptr; }
 
 // Whether `t` is all of its storage, laid out as a copy would lay it out.
-bool spans_storage(const at::Tensor& t) {
-  return t.storage_offset() == 0 && t.is_contiguous() && t.nbytes() == t.storage().nbytes();
-}
-
 // All of `t`'s storage as one tensor of its dtype (`t` itself when it spans
 // it), with `t`'s version counter and no autograd graph.
 at::Tensor whole_storage(const at::Tensor& t) {
@@ -168,7 +155,7 @@ at::Tensor whole_storage(const at::Tensor& t) {
   c10::intrusive_ptr<c10::TensorImpl> whole = impl->shallow_copy_and_detach(
       /*version_counter=*/impl->version_counter(),
       /*allow_tensor_metadata_change=*/true);
-  if (!spans_storage(t)) {
+  if (!dispatch::spans_storage(t)) {
     const int64_t elements = static_cast<int64_t>(t.storage().nbytes() / t.itemsize());
     const int64_t stride = 1;
     whole->set_sizes_and_strides(c10::IntArrayRef(elements), c10::IntArrayRef(stride),
@@ -382,7 +369,7 @@ ValueId Recorder::add_outside(const at::Tensor& t) {
   state.outside.push_back(index);
   watch_read(t, index);
   const ValueId value = recording_.outside[index].value;
-  if (spans_storage(t)) {
+  if (dispatch::spans_storage(t)) {
     remember(t, value);
     return value;
   }
@@ -452,7 +439,7 @@ void Recorder::before_write(const at::Tensor& t, bool whole) {
     return;
   }
   if (known_.count(t.unsafeGetTensorImpl()) == 0 && storage_of(t) == nullptr && owns_memory(t)) {
-    if (!(whole && spans_storage(t))) {
+    if (!(whole && dispatch::spans_storage(t))) {
       // Outside memory seen first by a write: copied before it is named, so
       // that it is not saved as well.
       take_snapshot(t, state_of(t));
@@ -460,8 +447,8 @@ void Recorder::before_write(const at::Tensor& t, bool whole) {
   }
   resolve(t);
   StorageState& state = *storage_of(t);
-  if (whole && spans_storage(t) && !state.outside.empty() && !state.snapshot.has_value() &&
-      read_.count(t.storage().unsafeGetStorageImpl()) == 0) {
+  if (whole && dispatch::spans_storage(t) && !state.outside.empty() &&
+      !state.snapshot.has_value() && read_.count(t.storage().unsafeGetStorageImpl()) == 0) {
     // Outside memory that the region overwrites whole before anything read
     // it (FSDP copies gathered parameters into theirs): what it held is
     // never read, so nothing of it is kept, and replay makes it anew.
@@ -472,7 +459,7 @@ void Recorder::before_write(const at::Tensor& t, bool whole) {
     state.outside.clear();
   }
   if (state.host_written) {
-    if (whole && spans_storage(t) && !state.foreign) {
+    if (whole && dispatch::spans_storage(t) && !state.foreign) {
       // An op makes every byte: host code wrote nothing that stays.
       state.host_written = false;
       state.seen = at::Tensor();

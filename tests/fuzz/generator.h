@@ -475,13 +475,19 @@ class Generator {
              !(careful && saved_.count(v.storage));
     });
     if (targets.empty() || coin(0.5)) {
-      const int a = any_float(), variant = uniform(0, 4);
+      // 5-8: an in-place op that saves its output, on a view (a double
+      // backward unpacks it twice); 9-12: a random op drawing in place (the
+      // value check compares what it drew); 13: a catch of std::exception
+      // around ops early stop may stop in.
+      const int a = any_float(), variant = uniform(0, 13);
       std::vector<int> in{a};
       if (variant == 0) in.push_back(operand_for(a));
       bool grad = false;
       for (int id : in) grad |= val(id).requires_grad;
       const int out = emit(Op::FreshInplace, in, {fval(shape(a), grad, contig({a}))}, {variant});
-      if (variant == 2 || variant == 4) saves(out, {out});  // relu_, sigmoid_
+      if (variant == 2 || variant == 4 || (variant >= 5 && variant <= 8)) {
+        saves(out, {out});  // relu_, sigmoid_, exp_, tanh_
+      }
       return;
     }
     const int a = pick(targets), variant = uniform(0, 4);
@@ -647,8 +653,9 @@ class Generator {
       emit(Op::BufferMutate, {p_.buffer}, {}, {coin(0.5)});
       return;
     }
-    // Written whole, then read: inside a guard region the buffer's memory is
-    // not kept, the replay makes it anew (FSDP's gathered parameters).
+    // Written whole, then read, in any region (FSDP's gathered parameters, a
+    // scratch buffer): a guard region keeps none of its memory, the replay
+    // makes it anew; a function region's rerun writes it again.
     const int a = any_float();
     emit(Op::BufferOverwrite, {p_.buffer, a}, {fval(shape(a), rg({a}), val(a).contiguous)},
          {coin(0.5)});
@@ -773,11 +780,25 @@ class Generator {
     }
   }
 
-  // Whether a recomputation that reruns `op` would write the buffer again:
-  // a guard region replays a buffer written whole into memory of its own.
-  static bool writes_buffer_again(Op op) {
-    return op == Op::BufferMutate ||
-           (op == Op::BufferOverwrite && regions_as() != RegionsAs::Guard);
+  // Whether a recomputation that reruns `op` would change what the buffer
+  // held when the forward read it. A buffer written whole before it is read
+  // is not: a function's rerun writes it again before reading it (Note
+  // [Overwritten before read]), a guard region's replay writes memory of its
+  // own.
+  static bool writes_buffer_again(Op op) { return op == Op::BufferMutate; }
+
+  // Whether a region over steps [b, e) would, recomputed in the backward,
+  // overwrite what later steps wrote to the buffer: a function's rerun
+  // writes the buffer again, as PyTorch's checkpoint does (docs/limits.md),
+  // and the next iteration would start from the rerun's buffer.
+  bool rerun_overwrites_later_writes(int b, int e) const {
+    if (regions_as() == RegionsAs::Guard) return false;
+    bool overwrites = false;
+    for (int i = b; i < e; ++i) overwrites |= p_.steps[i].op == Op::BufferOverwrite;
+    for (size_t i = e; overwrites && i < p_.steps.size(); ++i) {
+      if (p_.steps[i].op == Op::BufferMutate || p_.steps[i].op == Op::BufferOverwrite) return true;
+    }
+    return false;
   }
 
   // Up to `count` disjoint step ranges inside [lo, hi), never across a
@@ -788,6 +809,7 @@ class Generator {
       const int b = uniform(lo, hi - 1), e = uniform(b + 1, hi);
       bool ok = true;
       for (int i = b; i < e && ok; ++i) ok = !writes_buffer_again(p_.steps[i].op);
+      ok = ok && !rerun_overwrites_later_writes(b, e);
       for (const auto& [cb, ce] : chosen) ok = ok && (e <= cb || b >= ce);
       if (ok) chosen.emplace_back(b, e);
     }

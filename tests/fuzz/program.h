@@ -275,8 +275,20 @@ std::string Program::describe(const Step& s) const {
       break;
     case Op::SelectUnsqueeze: flag("index", s.ints[0]); break;
     case Op::FreshInplace: {
-      const char* v[] = {"h=a*2; h.add_(b)", "h=a*2; h.mul_(0.5)", "h=a+1; h.relu_()",
-                         "h=a*1.5; h.narrow(-1,0,n).mul_(2)", "h=a.clone(); h.sigmoid_()"};
+      const char* v[] = {"h=a*2; h.add_(b)",
+                         "h=a*2; h.mul_(0.5)",
+                         "h=a+1; h.relu_()",
+                         "h=a*1.5; h.narrow(-1,0,n).mul_(2)",
+                         "h=a.clone(); h.sigmoid_()",
+                         "h=a*2; h.select(0,0).relu_()",
+                         "h=a*2; h.narrow(-1,0,n).sigmoid_()",
+                         "h=a*0.5; h.select(0,0).exp_()",
+                         "h=a*2; h.narrow(-1,0,n).tanh_()",
+                         "h=a*empty_like(a).bernoulli_(0.5)",
+                         "h=a*empty_like(a).uniform_()",
+                         "h=a*empty_like(a).normal_()",
+                         "h=a*empty_like(a).exponential_()",
+                         "try {h=a.sin()*2} catch (std::exception&) {h=a.add(1).sin()}"};
       o << " [" << v[s.ints[0]] << "]";
       break;
     }
@@ -422,13 +434,22 @@ std::set<int> storages_made_in(const Program& p, const Region& r) {
   return out;
 }
 
-// Storages the region reads but did not make.
+// Storages the region reads but did not make. A buffer the region writes
+// whole before reading it (BufferOverwrite) holds what the region wrote: its
+// reads from then on are of the region's own values (Note [Overwritten
+// before read]).
 std::set<int> storages_read_by(const Program& p, const Region& r) {
-  std::set<int> out;
+  std::set<int> out, overwritten;
   for (int i = r.begin; i < r.end; ++i) {
-    for (int id : p.steps[i].in) {
-      const Value& v = p.values[id];
-      if (v.def < r.begin) out.insert(v.storage);
+    const Step& s = p.steps[i];
+    // A BufferOverwrite reads its other inputs before it writes the buffer.
+    for (size_t k = s.op == Op::BufferOverwrite ? 1 : 0; k < s.in.size(); ++k) {
+      const Value& v = p.values[s.in[k]];
+      if (v.def < r.begin && !overwritten.count(v.storage)) out.insert(v.storage);
+    }
+    if (s.op == Op::BufferOverwrite) {
+      const Value& buffer = p.values[s.in[0]];
+      if (buffer.def < r.begin && !out.count(buffer.storage)) overwritten.insert(buffer.storage);
     }
   }
   return out;
@@ -493,9 +514,14 @@ bool has_inner_grad(const Program& p) {
 // cases: a custom Function whose backward differentiates its nested
 // checkpoints; BatchNorm in training and a backward inside the forward of
 // one region under the value check (issue 35); a buffer written whole inside
-// a region (issue 36: FSDP's gathered parameters).
+// a region (issue 36: FSDP's gathered parameters; issue 44: in function
+// regions too); issue 44's in-place op on a view that saves its output
+// before a double backward (an inner grad after the region), random ops
+// drawing in place under the value check, a catch of std::exception.
 std::string shapes_of_interest(const Program& p) {
   bool function_grad = false, batch_norm_values = false, overwritten = false;
+  bool view_double = false, random_values = false, caught = false;
+  bool inner_grad_after = false;
   for (const auto& s : p.steps) function_grad |= s.op == Op::FunctionGrad;
   for (const auto& r : p.regions) {
     bool norm = false, grad = false;
@@ -503,6 +529,14 @@ std::string shapes_of_interest(const Program& p) {
       norm |= p.steps[i].op == Op::BatchNormModule;
       grad |= p.steps[i].op == Op::InnerGrad;
       overwritten |= p.steps[i].op == Op::BufferOverwrite;
+      const Step& s = p.steps[i];
+      const int v = s.op == Op::FreshInplace ? s.ints[0] : -1;
+      inner_grad_after = false;
+      for (size_t j = r.end; j < p.steps.size(); ++j)
+        inner_grad_after |= p.steps[j].op == Op::InnerGrad;
+      view_double |= v >= 5 && v <= 8 && (inner_grad_after || p.second_backward);
+      random_values |= v >= 9 && v <= 12 && r.value_check;
+      caught |= v == 13;
     }
     batch_norm_values |= r.value_check && norm && grad;
   }
@@ -510,6 +544,9 @@ std::string shapes_of_interest(const Program& p) {
   const auto add = [&](const char* shape) { out += std::string(out.empty() ? "" : ",") + shape; };
   if (batch_norm_values) add("batchnorm+values+inner-grad");
   if (overwritten) add("buffer-overwritten-in-region");
+  if (view_double) add("view-inplace-then-grad");
+  if (random_values) add("random-inplace+values");
+  if (caught) add("catch-in-region");
   return out;
 }
 
@@ -529,6 +566,12 @@ std::string features(const Program& p) {
       f.insert("linear-3d-in-region");
     if (s.op == Op::Dropout || s.op == Op::RandLikeMul || (s.op == Op::Sdpa && s.reals[0] > 0)) {
       f.insert(inside(i) ? "random-in-region" : "random-outside-regions");
+    }
+    if (s.op == Op::FreshInplace && inside(i)) {
+      const int v = s.ints[0];
+      if (v >= 5 && v <= 8) f.insert("view-inplace-in-region");
+      if (v >= 9 && v <= 12) f.insert("random-inplace-in-region");
+      if (v == 13) f.insert("catch-in-region");
     }
     if (s.op == Op::ItemScale && inside(i)) f.insert("item-in-region");
     if ((s.op == Op::HostConst || s.op == Op::HostIndex) && inside(i))

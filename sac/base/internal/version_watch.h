@@ -40,6 +40,8 @@ class VersionWatch {
   uint32_t version() const { return version_; }
   uint32_t current_version() const { return counter_.enabled() ? counter_.current_version() : 0; }
   const void* identity() const { return version_counter_identity(counter_); }
+  // Watches from the counter's current version on.
+  void rebase() { version_ = current_version(); }
 
  private:
   c10::VariableVersion counter_;

@@ -42,7 +42,8 @@ struct FrameConfig {
   bool early_stop = true;
   bool determinism_check = true;
   bool value_check = false;  // DeterminismCheck::Values
-  std::string name;          // CheckpointOptions::name
+  bool preserve_rng_state = true;
+  std::string name;  // CheckpointOptions::name
   bool debug = false;
   bool debug_backtraces = false;
 };
@@ -141,10 +142,10 @@ class CheckpointFrame : public std::enable_shared_from_this<CheckpointFrame> {
     // The outside tensor, until the forward ends (weak: the region's graph,
     // which owns the frame, may hang from it).
     std::optional<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> outside;
-    // Its version when saved. A recomputation that saves it at another
-    // version saw a change the version counters see: the outside-tensor
-    // check and autograd judge those; the value check is for the changes
-    // they cannot see.
+    // Its version when saved. A recomputation that saves an outside tensor
+    // at another version saw a change the version counters see: the
+    // outside-tensor check and autograd judge those; the value check is for
+    // the changes they cannot see.
     uint32_t version = 0;
   };
   // Which outside tensors the region has written: at the forward's end, and

@@ -38,6 +38,11 @@ class FunctionRerun final : public Recomputation {
 
   std::unique_ptr<Pass> begin(CheckpointFrame& frame, int64_t graph_task) override;
 
+  // Known only with the outside-tensor check on (its watch sees the writes).
+  bool overwrites_before_reading(const void* counter) const override {
+    return outside_tensors_ && outside_tensors_->owned_by_region(counter);
+  }
+
  private:
   class RerunPass;
 

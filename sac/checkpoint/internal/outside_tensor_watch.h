@@ -44,6 +44,10 @@ class OutsideTensorWatch {
   // still records: two observers, not one with a mode.)
   dispatch::OpObserver* recompute_observer() { return &checker_; }
 
+  // Whether the forward overwrote whole before any op read it, or made, the
+  // tensors of version counter `counter` (Note [Overwritten before read]).
+  bool owned_by_region(const void* counter) const;
+
  private:
   struct Seen {
     VersionWatch first_read;  // keeps the counter, so its identity stays unique

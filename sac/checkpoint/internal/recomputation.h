@@ -38,6 +38,12 @@ class Recomputation {
 
   // The region's graph is gone: drop what only recomputation needed.
   virtual void release() {}
+
+  // Whether the region overwrites whole, before reading it, the tensor whose
+  // version counter is `counter` (version_counter_identity; Note
+  // [Overwritten before read]): a recomputation writes it again, and so
+  // changes its version, as its forward did.
+  virtual bool overwrites_before_reading(const void* counter) const { return false; }
 };
 
 }  // namespace sac::detail

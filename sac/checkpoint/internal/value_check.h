@@ -68,6 +68,7 @@ struct SavedOrigin {
     size_t index = 0;  // of `op`'s calls in the region
   };
   std::optional<CallId> made;         // the last op of the region that wrote its storage
+  std::optional<CallId> drawn;        // the last random op that wrote it (bernoulli_, ...)
   const RecordedOp* saver = nullptr;  // the op whose backward saves it, if one was running
   // A state argument of the saver (RecordedOp::state_arguments): its value
   // depends on how often such ops ran, which a recomputation changes.
@@ -105,6 +106,7 @@ class OpOrigins {
     const c10::StorageImpl* storage;  // alive: the saving op holds it
   };
   std::unordered_map<const void*, SavedOrigin::CallId> by_storage_;
+  std::unordered_map<const void*, SavedOrigin::CallId> drawn_by_storage_;  // random writers
   std::unordered_map<const RecordedOp*, size_t> calls_;
   struct Running {
     const RecordedOp* op;

@@ -41,6 +41,16 @@ std::vector<c10::OperatorHandle> registered_ops(
 // without saying so in their schema.
 bool writes_argument(const c10::OperatorHandle& op, size_t index, c10::ArrayRef<c10::IValue> args);
 
+// Whether `op` writes its argument `index` without reading what it held: an
+// out= argument, or the `self` of an in-place op whose result does not
+// depend on it (copy_, fill_, zero_, and the random fills: bernoulli_,
+// uniform_, normal_, ...).
+bool overwrites_argument(const c10::OperatorHandle& op, size_t index);
+
+// Whether `t` covers all of its storage, densely: writing all of `t` writes
+// every byte of the storage.
+bool spans_storage(const at::Tensor& t);
+
 // Calls `f` on each defined tensor in `value` (a tensor, an optional
 // tensor, or a list of them, nested), in order.
 template <class F>
