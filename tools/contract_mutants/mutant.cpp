@@ -63,8 +63,9 @@ TORCH_LIBRARY_FRAGMENT(_c10d_functional, m) {
 namespace at {
 void SavedTensorDefaultHooks::set_tls_state(const impl::SavedTensorDefaultHooksTLS& tls) {
   using Fn = void (*)(const impl::SavedTensorDefaultHooksTLS&);
-  static Fn real = reinterpret_cast<Fn>(
-      dlsym(RTLD_NEXT, "_ZN2at23SavedTensorDefaultHooks13set_tls_stateERKNS_4impl26SavedTensorDefaultHooksTLSE"));
+  static Fn real = reinterpret_cast<Fn>(dlsym(
+      RTLD_NEXT,
+      "_ZN2at23SavedTensorDefaultHooks13set_tls_stateERKNS_4impl26SavedTensorDefaultHooksTLSE"));
   if (mutant("hooks_state")) {
     impl::SavedTensorDefaultHooksTLS changed = tls;
     changed.disabled_error_message.reset();
