@@ -26,8 +26,8 @@
 //   sac/policy/presets.h           ready-made policies (JAX's, torchtitan's, ...)
 //   sac/lab.h                      the policy lab: profiles, explanations,
 //                                  budgets, a training step's peak
-//   sac/checkpoint/guards.h        process-wide switches: debug, early stop,
-//                                  the determinism check
+//   sac/checkpoint/guards.h        thread-local overrides of the options:
+//                                  debug, early stop, the determinism check
 //   sac/nn/...                     torch::nn models: checkpoint_wrapper.h,
 //                                  apply_activation_checkpointing.h,
 //                                  checkpoint_sequential.h, offload_wrapper.h

@@ -333,7 +333,7 @@ TEST_F(Peak, APlanForOtherRegionsIsAClearError) {
       << message;
 }
 
-// Note [The step's memory shares the profiler's slot]: c10 reports
+// Note [The step's memory shares the profiler's slot] (step_trace.cpp): c10 reports
 // allocations to the one profiler state of the thread, so a profiler and
 // the step's recording cannot both run. Either order is refused with sac's
 // error (before the slot was shared, an abort: a mutex read in the

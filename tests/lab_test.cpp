@@ -198,6 +198,88 @@ TEST_F(Lab, CallsSharingAStorageAreSavedTogether) {
   }
 }
 
+// A region that returns its output (a block's, a loss): the call that made
+// it keeps none of its bytes when saved, since the caller holds them, and a
+// plan's saved bytes are what checkpointing keeps beyond the output.
+TEST_F(Lab, WhatTheRegionReturnsIsTheCallers) {
+  torch::manual_seed(0);
+  const at::Tensor x = torch::randn({8, 16}, torch::requires_grad());
+  const at::Tensor w = torch::randn({16, 16}, torch::requires_grad());
+  auto fn = [&](const at::Tensor& in) { return torch::mm(torch::tanh(torch::mm(in, w)), w); };
+  const sac::RegionProfile unreturned = sac::profile([&] { fn(x); }, 1);
+  const sac::RegionProfile p = sac::profile([&] { return fn(x); }, 1);
+  ASSERT_EQ(p.calls().size(), unreturned.calls().size());
+  const sac::OpCallProfile& last = p.calls().back();
+  EXPECT_EQ(c10::toString(last.op.operator_name()), "aten::mm");
+  EXPECT_TRUE(last.returned);
+  EXPECT_EQ(last.output_bytes, 0);
+  EXPECT_FALSE(unreturned.calls().back().returned);
+  EXPECT_EQ(unreturned.calls().back().output_bytes, 8 * 16 * 4);
+  EXPECT_EQ(p.keepable_bytes(), unreturned.keepable_bytes() - 8 * 16 * 4);
+  // Tuples and vectors are read too; a storage returned twice is the caller's once.
+  const auto pair = sac::profile(
+      [&] {
+        const at::Tensor y = fn(x);
+        return std::make_tuple(y, std::vector<at::Tensor>{y.view({-1})});
+      },
+      1);
+  EXPECT_EQ(pair.calls().back().output_bytes, 0);
+
+  const std::vector<at::Tensor> expected = torch::autograd::grad({fn(x).sum()}, {x, w});
+  auto kept_by = [&](const sac::Policy& policy, std::vector<at::Tensor>* grads) {
+    const int64_t base = CountingAllocator::live_bytes();
+    const at::Tensor y = sac::checkpoint(sac::CheckpointOptions().policy(policy), fn, x);
+    const int64_t kept = CountingAllocator::live_bytes() - base;  // y held, as a step holds it
+    *grads = torch::autograd::grad({y.sum()}, {x, w});
+    return kept;
+  };
+  std::vector<at::Tensor> grads;
+  const int64_t none = kept_by(sac::nothing_saveable(), &grads);
+  for (const double fraction : {0.5, 1.0}) {
+    SCOPED_TRACE(fraction);
+    const auto plan = sac::budgeted_plan({p}, sac::Budget::fraction(fraction));
+    EXPECT_EQ(kept_by(plan.policies[0], &grads) - none, plan.saved_bytes);
+    expect_bit_identical(expected, grads);
+  }
+}
+
+// A region whose first run initialises something (FSDP's lazy
+// initialisation, a cache filled once) runs more op calls then than later:
+// profiling it says how to leave that run out, and warmup = 1 does.
+TEST_F(Lab, AFirstRunThatDiffersIsLeftOutByAWarmUp) {
+  const at::Tensor x = torch::randn({4, 8}, torch::requires_grad());
+  const at::Tensor w = torch::randn({8, 8});
+  at::Tensor cache;
+  auto region = [&] {
+    if (!cache.defined()) {
+      cache = torch::cos(w).exp();  // two more calls, once
+    }
+    torch::tanh(torch::mm(x, cache));
+  };
+  const std::string message = sac_test::error_of([&] { sac::profile(region); });
+  EXPECT_NE(message.find("4 op calls in its first profiled run and 2 in run 2"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("warmup = 1"), std::string::npos) << message;
+
+  cache = at::Tensor();
+  const sac::RegionProfile p = sac::profile(region, 3, /*warmup=*/1);
+  ASSERT_EQ(p.calls().size(), 2u);
+  EXPECT_EQ(c10::toString(p.calls()[0].op.operator_name()), "aten::mm");
+  EXPECT_EQ(c10::toString(p.calls()[1].op.operator_name()), "aten::tanh");
+  // The advice is for the first profiled pair only: a later run that
+  // differs is the region's control flow.
+  int calls = 0;
+  auto third_differs = [&] {
+    torch::tanh(x);
+    if (++calls == 3) torch::exp(x);
+  };
+  const std::string later = sac_test::error_of([&] { sac::profile(third_differs); });
+  EXPECT_NE(later.find("in run 3"), std::string::npos) << later;
+  EXPECT_EQ(later.find("warmup"), std::string::npos) << later;
+  EXPECT_NE(sac_test::error_of([&] { sac::profile(region, 3, -1); }).find("warmup must be 0"),
+            std::string::npos);
+}
+
 // Offload as a third choice, on synthetic profiles of calls on an
 // accelerator and on the CPU: the plan's total cost (recomputed time plus
 // trips to host memory) is the least any keep/offload/recompute assignment

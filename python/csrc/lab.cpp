@@ -6,6 +6,7 @@
 #include <sac/lab.h>
 
 #include <pybind11/functional.h>
+#include <torch/csrc/utils/pybind.h>
 #include <pybind11/stl.h>
 
 #include <memory>
@@ -72,6 +73,7 @@ py::dict counts_as_dict(const RegionStatistics::Counts& c) {
   SAC_COUNT(calls_served);
   SAC_COUNT(calls_rerun);
   SAC_COUNT(collectives_reissued);
+  SAC_COUNT(agreements);
   SAC_COUNT(recompute_seconds);
 #undef SAC_COUNT
   return d;
@@ -101,6 +103,7 @@ void add_lab(py::module_& m) {
       .def_readonly("collective", &OpCallProfile::collective)
       .def_readonly("cacheable", &OpCallProfile::cacheable)
       .def_readonly("modified_later", &OpCallProfile::modified_later)
+      .def_readonly("returned", &OpCallProfile::returned)
       .def_property_readonly("keepable", &OpCallProfile::keepable)
       .def("__repr__", [](const OpCallProfile& c) {
         return "<torch_sac.OpCallProfile " + op_name(c) + " #" + std::to_string(c.call) + ", " +
@@ -127,10 +130,15 @@ void add_lab(py::module_& m) {
 
   m.def(
       "profile",
-      [](const std::function<void()>& region, int runs) { return profile(region, runs); },
-      py::arg("region"), py::arg("runs") = 3);
+      // sac.profile hands over the tensors among what the region returns.
+      [](const std::function<std::vector<at::Tensor>()>& region, int runs, int warmup) {
+        return profile(region, runs, warmup);
+      },
+      py::arg("region"), py::arg("runs") = 3, py::arg("warmup") = 0);
 
-  py::class_<BudgetedPlan>(m, "BudgetedPlan", "One budget shared by several regions.")
+  py::class_<BudgetedPlan>(m, "BudgetedPlan",
+                           "One budget shared by several regions. saved_bytes and "
+                           "recompute_seconds are the profiled shapes'.")
       .def_readonly("policies", &BudgetedPlan::policies)
       .def_readonly("budget_bytes", &BudgetedPlan::budget_bytes)
       .def_readonly("saved_bytes", &BudgetedPlan::saved_bytes)

@@ -14,6 +14,7 @@ import functools
 import json
 import os
 import sys
+import threading
 import time
 from datetime import timedelta
 
@@ -266,6 +267,88 @@ def divergence():
     return None
 
 
+def statistics():
+    """A selective region around a layer that all-gathers its weight with
+    c10d's own collective (as FSDP2 does), forward and backward: what
+    sac.RegionStatistics counted after each, and what the default group
+    issued in each (Gloo's sequence numbers)."""
+    if not FALLBACK:
+        return {"profile": profile_under_fsdp2(), "measure": measure_on_ranks()}
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group = dist.distributed_c10d._get_default_group()
+    backend = group._get_backend(torch.device("cpu"))
+    torch.manual_seed(0)
+    shard = torch.randn(8, 8).chunk(world)[rank].clone().requires_grad_()
+    h = torch.randn(4, 8, requires_grad=True)
+    stats = sac.RegionStatistics()
+    start = backend._get_sequence_number_for_group()
+    with sac.region([torch.ops.aten.mm.default], statistics=stats):
+        gathered = torch.empty(8, 8)
+        dist.all_gather_into_tensor(gathered, shard.detach())
+        out = torch.tanh(h @ (gathered + shard.sum() * 0))
+    forward, issued_forward = stats.read(), backend._get_sequence_number_for_group() - start
+    start = backend._get_sequence_number_for_group()
+    out.sum().backward()
+    return {"forward": forward, "issued_forward": issued_forward, "step": stats.read(),
+            "issued_backward": backend._get_sequence_number_for_group() - start,
+            "profile": profile_under_fsdp2(), "measure": measure_on_ranks()}
+
+
+def measure_on_ranks():
+    """sac.measure_step_phases on both ranks, of a step that allocates on this
+    thread only, then of one during which rank 1 allocates on another thread
+    too (as Gloo's threads do now and then), which rank 1 alone cannot
+    measure. What each raised (None: nothing); None without the counting
+    allocator."""
+    if counting is None:
+        return None
+    probe = {"live": counting.sac_counting_live_bytes, "peak": counting.sac_counting_peak_bytes,
+             "reset_peak": counting.sac_counting_reset_peak}
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, requires_grad=True)
+    x = torch.randn(4, 16)
+
+    def step(beside):
+        if beside:
+            t = threading.Thread(target=lambda: torch.empty(1 << 20).fill_(0))
+            t.start()
+            t.join()
+        torch.tanh(x @ w).sum().backward()
+
+    raised = {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for name, beside in [("clean", False), ("rank_1_beside", dist.get_rank() == 1)]:
+            try:
+                with no_collection():
+                    sac.measure_step_phases(lambda: step(beside), **probe)
+                raised[name] = None
+            except RuntimeError as e:
+                raised[name] = str(e)
+    finally:
+        torch.set_num_threads(threads)
+    return raised
+
+
+def profile_under_fsdp2():
+    """sac.profile of a fully_shard'ed layer, whose FSDP hooks run inside the
+    profiled function: its first run initialises FSDP lazily. What the
+    default profile raised, and the calls profiled with warmup=1."""
+    torch.manual_seed(0)
+    layer = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh())
+    fully_shard(layer)
+    x = torch.randn(4, 8)
+    try:
+        sac.profile(lambda: layer(x))
+        raised = None
+    except RuntimeError as e:
+        raised = str(e)
+    warm = sac.profile(lambda: layer(x), warmup=1)
+    return {"raised": raised, "calls": [c.op for c in warm.calls],
+            "again": [c.op for c in sac.profile(lambda: layer(x), runs=1).calls]}
+
+
 def abort(message):
     print(f"distributed_worker, rank {dist.get_rank()}: {message}", file=sys.stderr, flush=True)
     os._exit(1)  # not sys.exit: a rank stuck in a collective would hang the exit
@@ -277,12 +360,14 @@ def main():
     parser.add_argument("--model", nargs="+", choices=MODELS, default=[])
     parser.add_argument("--divergence", action="store_true",
                         help="run divergence() instead (needs SAC_DISPATCH=fallback)")
+    parser.add_argument("--statistics", action="store_true",
+                        help="run statistics() instead (needs SAC_DISPATCH=fallback)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     dist.init_process_group("gloo", timeout=TIMEOUT)
-    if args.divergence:
+    if args.divergence or args.statistics:
         raised = [None] * dist.get_world_size()
-        dist.all_gather_object(raised, divergence())
+        dist.all_gather_object(raised, divergence() if args.divergence else statistics())
         if dist.get_rank() == 0:
             with open(args.out, "w") as f:
                 json.dump(raised, f)

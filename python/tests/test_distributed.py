@@ -134,3 +134,53 @@ def test_a_rank_replaying_another_region_fails_on_every_rank(tmp_path):
     assert raised is not None, failure
     for rank, message in enumerate(raised):
         assert message and "are about to replay different regions" in message, (rank, message)
+
+
+@pytest.fixture(scope="module")
+def counts(tmp_path_factory):
+    """distributed_worker.py's statistics(), per rank."""
+    ranks, failure = run_worker(tmp_path_factory.mktemp("counts") / "counts.json",
+                                "--statistics")
+    assert ranks is not None, failure
+    return ranks
+
+
+def test_region_statistics_count_what_the_replay_communicates(counts):
+    """A region with a policy around c10d's own all-gather (FSDP's): sac
+    counts the collective the forward issued, the one its replay issues
+    again and the ranks' agreement before it, as the process group counts
+    them."""
+    if not sac.mechanism().startswith("fallback"):
+        pytest.skip("sac.region needs SAC_DISPATCH=fallback")
+    for rank, r in enumerate(counts):
+        assert r["issued_forward"] == 1 and r["issued_backward"] == 2, (rank, r)
+        assert r["forward"]["collectives_issued"] == 1, (rank, r)
+        assert r["forward"]["collectives_reissued"] == 0, (rank, r)
+        assert r["step"]["collectives_issued"] == 1, (rank, r)
+        assert r["step"]["collectives_reissued"] == 1, (rank, r)
+        assert r["step"]["agreements"] == 1, (rank, r)
+        assert (r["step"]["collectives_reissued"] + r["step"]["agreements"]
+                == r["issued_backward"]), (rank, r)
+
+
+def test_a_profile_under_fsdp2_leaves_out_its_lazy_initialisation(counts):
+    """FSDP2 initialises lazily in its first forward, which then runs more op
+    calls: sac.profile says to warm up, and with warmup=1 profiles the calls
+    every later run makes."""
+    for rank, r in enumerate(counts):
+        p = r["profile"]
+        assert p["raised"] and "warmup=1" in p["raised"], (rank, p["raised"])
+        assert "aten::addmm" in p["calls"] and p["calls"] == p["again"], (rank, p)
+
+
+def test_a_step_one_rank_cannot_measure_is_refused_on_every_rank(counts):
+    """sac.measure_step_phases on ranks: when rank 1's step allocates on
+    another thread beside it (as Gloo's threads may), rank 1 cannot measure
+    it, and every rank raises, naming rank 1; a clean step measures on both."""
+    for rank, r in enumerate(counts):
+        if r["measure"] is None:
+            pytest.skip("SAC_COUNTING_ALLOCATOR is not set")
+        assert r["measure"]["clean"] is None, (rank, r["measure"]["clean"])
+        refused = r["measure"]["rank_1_beside"]
+        assert refused and "rank(s) 1 of the group (of 2)" in refused, (rank, refused)
+        assert "no rank plans from it" in refused, (rank, refused)

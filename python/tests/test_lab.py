@@ -78,14 +78,12 @@ def whole_model_step(model, batch, context_fn=None, region_policy=None, count=No
                              context_fn=context_fn)
         else:
             out = model(**batch).loss
-        # The output is dropped before counting (a copy kept): its storage
-        # then stays only if the policy keeps the call that returned it.
-        loss = out * 1
-        del out
-        kept = count.sac_counting_live_bytes() - before - loss.nbytes if count else None
-    loss.backward()
+        # The loss held, as a step holds it until backward: the plans count
+        # its bytes as the caller's (sac.profile of a region that returns it).
+        kept = count.sac_counting_live_bytes() - before if count else None
+    out.backward()
     grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-    return (loss.detach(), grads), kept
+    return (out.detach(), grads), kept
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +98,7 @@ def counting():
 
 @pytest.mark.parametrize("architecture", [models.gpt2, models.llama, models.bart],
                          ids=lambda f: f.__name__)
-@pytest.mark.parametrize("fraction", [0.25, 0.6])
+@pytest.mark.parametrize("fraction", [0.25, 0.6, 1.0])
 def test_a_budgeted_policy_keeps_its_plan_exactly(architecture, fraction, counting):
     torch.manual_seed(0)
     model, batch = architecture()
@@ -111,9 +109,14 @@ def test_a_budgeted_policy_keeps_its_plan_exactly(architecture, fraction, counti
 
     def forward():
         torch.manual_seed(7)
-        profiled(**batch).loss
+        return profiled(**batch).loss
 
-    plan = sac.budgeted_plan([sac.profile(forward, runs=1)], fraction=fraction)
+    profile = sac.profile(forward, runs=1)
+    # The loss is returned: keeping the call that made it keeps none of the
+    # loss's bytes (the caller holds them).
+    assert [c for c in profile.calls if c.returned], "no call made the returned loss"
+    assert "returned" in profile.table()
+    plan = sac.budgeted_plan([profile], fraction=fraction)
     policy = plan.policies[0]
     assert plan.exact and plan.saved_bytes <= plan.budget_bytes
 

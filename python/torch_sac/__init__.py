@@ -33,6 +33,8 @@ import itertools
 from typing import Any, Callable, ContextManager, Iterable, Optional, Sequence, Tuple, Union
 
 import torch
+import torch.distributed
+import torch.utils._pytree
 import torch.utils.checkpoint
 from torch.utils.checkpoint import CheckpointPolicy
 
@@ -269,11 +271,18 @@ def region(policy: Optional[PolicyLike] = None, *, preserve_rng_state: bool = Tr
                      determinism_check, name)
 
 
-def profile(region: Callable[[], Any], runs: int = 3) -> RegionProfile:
+def profile(region: Callable[[], Any], runs: int = 3, warmup: int = 0) -> RegionProfile:
     """What the op calls of `region` (a function of no arguments, run `runs`
     times as a plain forward) cost: a sac.RegionProfile, whose calls are the
-    choices of a budgeted policy. Seed and restore what the runs change."""
-    return _C.profile(region, runs)
+    choices of a budgeted policy. Seed and restore what the runs change. A
+    region whose first run does more (FSDP's lazy initialisation, a cache
+    filled once) needs `warmup=1`: warm-up runs are not profiled. The calls
+    that made the tensors `region` returns (anywhere in a tuple, list, dict or
+    model output) are `returned` and cost no bytes: the caller holds them."""
+    def returning():
+        return [t for t in torch.utils._pytree.tree_leaves(region())
+                if isinstance(t, torch.Tensor)]
+    return _C.profile(returning, runs, warmup)
 
 
 def explain(policy: PolicyLike, region: Callable[[], Any]) -> Explanation:
@@ -283,7 +292,8 @@ def explain(policy: PolicyLike, region: Callable[[], Any]) -> Explanation:
 
 
 def measure_step_phases(step: Callable[[], Any], *, live: Callable[[], int],
-                        peak: Callable[[], int], reset_peak: Callable[[], Any]) -> StepPhases:
+                        peak: Callable[[], int], reset_peak: Callable[[], Any],
+                        group: Any = None) -> StepPhases:
     """One training step (`step`: a function of no arguments that runs the
     forward and the backward), recorded allocation by allocation from c10's
     memory reporting, with each checkpointed region placed in it: a
@@ -300,7 +310,13 @@ def measure_step_phases(step: Callable[[], Any], *, live: Callable[[], int],
     during the step (torch.profiler, torch.autograd.profiler): c10 reports
     allocations to the profiler's slot of the thread, which the recording
     takes; one running when the step begins is refused, and one started
-    inside refuses to start."""
+    inside refuses to start.
+
+    On ranks (torch.distributed initialized), the ranks of `group` (default:
+    the default group) measure their steps together, and a refusal on any
+    rank (Gloo's threads allocate beside the step now and then) is raised on
+    every rank, naming the ranks that refused: ranks that planned apart would
+    run different programs."""
 
     def recorded_step() -> None:
         try:
@@ -314,7 +330,28 @@ def measure_step_phases(step: Callable[[], Any], *, live: Callable[[], int],
                 "profiler slot of the thread, which the recording takes). Measure the step "
                 "with no profiler, and profile another step.") from e
 
-    return _C.measure_step_phases(recorded_step, live=live, peak=peak, reset_peak=reset_peak)
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if not distributed:
+        return _C.measure_step_phases(recorded_step, live=live, peak=peak,
+                                      reset_peak=reset_peak)
+    refused = None
+    try:
+        phases = _C.measure_step_phases(recorded_step, live=live, peak=peak,
+                                        reset_peak=reset_peak)
+    except RuntimeError as e:
+        refused = e
+    outcomes = [None] * torch.distributed.get_world_size(group)
+    torch.distributed.all_gather_object(outcomes, None if refused is None else str(refused),
+                                        group=group)
+    failed = [(rank, why) for rank, why in enumerate(outcomes) if why is not None]
+    if failed:
+        ranks = ", ".join(str(rank) for rank, _ in failed)
+        raise RuntimeError(
+            f"torch_sac.measure_step_phases: rank(s) {ranks} of the group (of "
+            f"{len(outcomes)}) could not measure the step, so no rank plans from it (ranks "
+            f"that planned apart would run different programs). Rank {failed[0][0]} said: "
+            f"{failed[0][1]}") from refused
+    return phases
 
 
 def in_order(policies: Sequence[PolicyLike], allow_cache_entry_mutation: bool = False

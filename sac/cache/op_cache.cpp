@@ -469,6 +469,7 @@ void OpCache::clear() {
   producers_.clear();
   kept_calls_ = 0;
   collectives_.clear();
+  demotions_.clear();
 }
 
 void OpCache::drop(Entry& call) {

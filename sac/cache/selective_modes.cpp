@@ -109,8 +109,8 @@ void SelectiveMode::exit() {
 }
 
 SelectiveMode::OpFacts SelectiveMode::learn(const c10::OperatorHandle& op) {
-  const OpFacts facts{policy_.decides_about(op), policy::issues_collective(op), is_tag(op),
-                      policy::is_random(op)};
+  const OpFacts facts{policy_.decides_about(op), policy::issues_collective(op),
+                      policy::communicates(op), is_tag(op), policy::is_random(op)};
   facts_[dispatch::op_key(op)] = facts;
   return facts;
 }
@@ -159,6 +159,7 @@ void CachingMode::intercept(const c10::OperatorHandle& op, c10::DispatchKeySet b
   if (facts.collective) {
     cache_->collectives().note(op, arguments_on(op, *stack));
   }
+  counts_.collectives_issued += facts.communicates;
   if (!facts.decided) {
     dispatch::run_op(op, below, stack);
     const auto outputs = outputs_on(op, *stack);
@@ -270,7 +271,6 @@ void CachingMode::add_statistics() {
   counts_.bytes_saved = static_cast<int64_t>(cache_->bytes());
   counts_.bytes_offloaded = summary.offloaded_bytes;
   counts_.bytes_dropped = output_bytes_ - counts_.bytes_saved - counts_.bytes_offloaded;
-  counts_.collectives_issued = cache_->collectives().size();
   statistics_->add(counts_);
   storages_.clear();
 }
@@ -335,13 +335,13 @@ void CachedMode::intercept(const c10::OperatorHandle& op, c10::DispatchKeySet be
                                 arguments_on(op, *stack));
   }
   if (!facts.decided) {
-    pass_.collectives_reissued += facts.collective;
+    pass_.collectives_reissued += facts.communicates;
     dispatch::run_op(op, below, stack);
     return;
   }
   const size_t call = next_call_[dispatch::op_key(op)]++;
   if (!cache_->cached(op, call)) {
-    pass_.collectives_reissued += facts.collective;
+    pass_.collectives_reissued += facts.communicates;
     if (statistics_ != nullptr && !facts.tag) {
       ++pass_.calls_rerun;
     }

@@ -22,6 +22,7 @@ RegionStatistics::Counts& RegionStatistics::Counts::operator+=(
   calls_served += other.calls_served;
   calls_rerun += other.calls_rerun;
   collectives_reissued += other.collectives_reissued;
+  agreements += other.agreements;
   recompute_seconds += other.recompute_seconds;
   return *this;
 }
@@ -33,7 +34,7 @@ void RegionStatistics::Counts::print(std::ostream& out) const {
       << "bytes: " << bytes_saved << " saved, " << bytes_offloaded << " offloaded, "
       << bytes_dropped << " dropped\n"
       << "collectives: " << collectives_issued << " issued in forward, " << collectives_reissued
-      << " issued again in recomputation\n"
+      << " issued again in recomputation, " << agreements << " agreements before replays\n"
       << "recomputation (" << recomputations << " passes): " << calls_served << " served, "
       << calls_rerun << " rerun, " << std::fixed << std::setprecision(3) << recompute_seconds * 1e3
       << " ms\n";

@@ -47,17 +47,23 @@ class RegionStatistics {
     int64_t bytes_saved = 0;
     int64_t bytes_offloaded = 0;
     int64_t bytes_dropped = 0;
-    // Functional collectives the forwards issued (Note [The collective ledger]),
-    // decided about or not.
+    // Collectives the forwards issued, decided about or not: the functional
+    // ones (Note [The collective ledger]) and, where the mode sees them (the
+    // fallback-key mechanism, and every sac::CheckpointRegion), c10d's own
+    // (a ProcessGroup's calls: FSDP's all-gathers, DDP's broadcasts).
     size_t collectives_issued = 0;
 
     // ---- Backward: each recomputation adds to these.
     size_t recomputations = 0;  // passes (one per region and backward, usually)
     size_t calls_served = 0;    // seen calls served from the cache
     size_t calls_rerun = 0;     // seen calls run again (early stop runs fewer)
-    // Functional collectives issued again (not served from the cache): each
-    // one communicated again.
+    // Collectives issued again (not served from the cache), counted as
+    // collectives_issued is: each one communicated again.
     size_t collectives_reissued = 0;
+    // The ranks' fingerprint exchanges before a sac::CheckpointRegion's replay
+    // communicates (Note [Ranks agree before a replay]): one small all-gather
+    // per process group the replay uses, on top of collectives_reissued.
+    size_t agreements = 0;
     // Wall time of the recomputation passes, autograd's work in them included.
     double recompute_seconds = 0;
 

@@ -9,6 +9,7 @@
 #include <sac/record/internal/replay.h>
 
 #include <c10/core/GradMode.h>
+#include <c10/util/ScopeExit.h>
 
 #include <exception>
 #include <optional>
@@ -19,6 +20,10 @@ namespace detail {
 // Recomputation by replaying what the region recorded.
 class RegionReplay final : public Recomputation {
  public:
+  // `statistics` (or null) counts the replays' agreements with other ranks.
+  explicit RegionReplay(std::shared_ptr<RegionStatistics> statistics)
+      : statistics_(std::move(statistics)) {}
+
   // The region began; `region_interceptor` is its interceptor (or null).
   dispatch::OpObserver* start_recording(const dispatch::OpInterceptor* region_interceptor) {
     recorder_.emplace(recording_, region_interceptor, [](const at::Tensor& t) {
@@ -78,7 +83,7 @@ class RegionReplay final : public Recomputation {
       }
     }
     return std::make_unique<ReplayPass>(recording_, std::move(outside), frame.weak_from_this(),
-                                        graph_task);
+                                        graph_task, statistics_.get());
   }
 
   void release() override {
@@ -90,18 +95,31 @@ class RegionReplay final : public Recomputation {
   class ReplayPass final : public Pass {
    public:
     ReplayPass(const record::Recording& recording, std::vector<at::Tensor> outside,
-               std::weak_ptr<CheckpointFrame> frame, int64_t graph_task)
+               std::weak_ptr<CheckpointFrame> frame, int64_t graph_task,
+               RegionStatistics* statistics)
         : recording_(recording),
           outside_(std::move(outside)),
           frame_(std::move(frame)),
-          graph_task_(graph_task) {}
+          graph_task_(graph_task),
+          statistics_(statistics) {}
 
     void run() override {
       auto frame = frame_.lock();
       TORCH_INTERNAL_ASSERT(frame, "sac: checkpoint frame freed during its replay");
-      record::replay(recording_, std::move(outside_), [&](size_t, const at::Tensor& value) {
-        frame->save_recomputed(graph_task_, value.requires_grad() ? value.tensor_data() : value);
+      RegionStatistics::Counts counts;
+      // Counted whether the replay ends or stops early (an exception).
+      const auto count = c10::make_scope_exit([&] {
+        if (statistics_ != nullptr && counts.agreements > 0) {
+          statistics_->add(counts);
+        }
       });
+      record::replay(
+          recording_, std::move(outside_),
+          [&](size_t, const at::Tensor& value) {
+            frame->save_recomputed(graph_task_,
+                                   value.requires_grad() ? value.tensor_data() : value);
+          },
+          &counts.agreements);
     }
 
    private:
@@ -109,10 +127,12 @@ class RegionReplay final : public Recomputation {
     std::vector<at::Tensor> outside_;
     std::weak_ptr<CheckpointFrame> frame_;
     int64_t graph_task_;
+    RegionStatistics* statistics_;
   };
 
   record::Recording recording_;
   std::optional<record::Recorder> recorder_;
+  std::shared_ptr<RegionStatistics> statistics_;
 };
 
 }  // namespace detail
@@ -146,7 +166,7 @@ CheckpointRegion::CheckpointRegion(const CheckpointOptions& options) {
   detail::FrameConfig config = detail::frame_config(options);
   config.api = "sac::CheckpointRegion";
   auto active = std::make_unique<Active>();
-  active->replay = std::make_shared<detail::RegionReplay>();
+  active->replay = std::make_shared<detail::RegionReplay>(options.statistics());
   auto frame = std::make_shared<detail::CheckpointFrame>(
       config, active->replay, detail::contexts_for(options),
       detail::ForwardState::capture_current(options.preserve_rng_state()));

@@ -80,6 +80,10 @@ struct BudgetedPlan {
   int64_t budget_bytes = 0;
   // Predicted: bytes kept after the forward, and the time of the calls the
   // recomputation runs (all profiled calls but the kept and offloaded ones).
+  // Both are the profiled shapes': the policies answer by (op, call index),
+  // so at other shapes (another sequence length) they keep the same calls,
+  // whose bytes are those shapes'. Plan per shape with sac::ShapePlans
+  // (sac/lab/shape_plans.h).
   int64_t saved_bytes = 0;
   // The calls each policy saves, in order (their bytes sum to saved_bytes).
   std::vector<std::vector<SavedCall>> saved_calls;

@@ -93,6 +93,23 @@ class Profiler final : public dispatch::OpObserver {
     records.push_back(std::move(record));
   }
 
+  // Marks the call that made `t`'s storage, if one did, as returned by the
+  // region: that storage's bytes are no longer the call's to keep (its
+  // other outputs' still are).
+  void returned(const at::Tensor& t) {
+    if (!t.defined() || !t.has_storage()) {
+      return;
+    }
+    auto maker = made_by_.find(t.storage().unsafeGetStorageImpl());
+    if (maker == made_by_.end()) {
+      return;
+    }
+    OpCallProfile& call = records[maker->second];
+    call.returned = true;
+    call.output_bytes -= static_cast<int64_t>(t.storage().nbytes());
+    made_by_.erase(maker);  // counted once however often it is returned
+  }
+
   // Marks the calls whose outputs' storage was written after they returned,
   // through any tensor an op returned on it.
   void finish() {
@@ -140,6 +157,7 @@ std::string flags(const OpCallProfile& c) {
   add(c.in_place, "in-place");
   add(c.random, "random");
   add(c.collective, "collective");
+  add(c.returned, "returned");
   return out;
 }
 
@@ -190,22 +208,26 @@ void RegionProfile::print(std::ostream& out, SortBy sort, size_t limit) const {
 
 void RegionProfile::write_csv(std::ostream& out) const {
   out << "op,call,output_bytes,seconds,cacheable,modified_later,view,in_place,random,collective,"
-         "device\n";
+         "device,returned\n";
   for (const auto& c : calls_) {
     out << c10::toString(c.op.operator_name()) << "," << c.call << "," << c.output_bytes << ","
         << std::scientific << std::setprecision(6) << c.seconds << "," << c.cacheable << ","
         << c.modified_later << "," << c.view << "," << c.in_place << "," << c.random << ","
-        << c.collective << "," << c.device << "\n";
+        << c.collective << "," << c.device << "," << c.returned << "\n";
   }
 }
 
 namespace {
 
-std::vector<OpCallProfile> profile_once(const std::function<void()>& region) {
+std::vector<OpCallProfile> profile_once(const detail::ProfiledRegion& region) {
   Profiler profiler;
+  std::vector<at::Tensor> returned;
   {
     dispatch::ObserverGuard observing(&profiler);
-    region();
+    region(returned);
+  }
+  for (const at::Tensor& t : returned) {
+    profiler.returned(t);
   }
   profiler.finish();
   return std::move(profiler.records);
@@ -213,22 +235,36 @@ std::vector<OpCallProfile> profile_once(const std::function<void()>& region) {
 
 }  // namespace
 
-RegionProfile profile(const std::function<void()>& region, int runs) {
+RegionProfile detail::profile_region(const detail::ProfiledRegion& region, int runs, int warmup) {
   TORCH_CHECK(runs >= 1, "sac::profile: runs must be at least 1; got ", runs, ".");
+  TORCH_CHECK(warmup >= 0, "sac::profile: warmup must be 0 or more; got ", warmup, ".");
+  for (int run = 0; run < warmup; ++run) {
+    std::vector<at::Tensor> returned;
+    region(returned);
+  }
   // Under per-op kernels, the cacheable ops must be intercepted to be seen.
   dispatch::intercept_ops_matching(&policy::is_cacheable);
   std::vector<OpCallProfile> calls = profile_once(region);
   for (int run = 1; run < runs; ++run) {
     const std::vector<OpCallProfile> again = profile_once(region);
+    // Where the second run is the first to differ, the first may have been
+    // a lazy initialisation: say how to leave it out.
+    const std::string advice =
+        run == 1 && warmup == 0
+            ? " If the first run differs because it initialises something once (FSDP's lazy "
+              "initialisation, a cache filled on first use), leave it out of the profile: "
+              "warmup = 1 (sac.profile(region, warmup=1) in Python)."
+            : "";
     TORCH_CHECK(again.size() == calls.size(), "sac::profile: the region ran ", calls.size(),
-                " op calls in its first run and ", again.size(), " in run ", run + 1,
+                " op calls in its first profiled run and ", again.size(), " in run ", run + 1,
                 ". Profile a region that runs the same ops "
-                "each time (no data-dependent control flow), or profile it with runs = 1.");
+                "each time (no data-dependent control flow), or profile it with runs = 1.",
+                advice);
     for (size_t i = 0; i < calls.size(); ++i) {
       TORCH_CHECK(again[i].op == calls[i].op, "sac::profile: op call ", i, " was ",
-                  c10::toString(calls[i].op.operator_name()), " in the first run and ",
+                  c10::toString(calls[i].op.operator_name()), " in the first profiled run and ",
                   c10::toString(again[i].op.operator_name()), " in run ", run + 1,
-                  ". Profile a region that runs the same ops each time, or with runs = 1.");
+                  ". Profile a region that runs the same ops each time, or with runs = 1.", advice);
       calls[i].seconds = std::min(calls[i].seconds, again[i].seconds);
     }
   }

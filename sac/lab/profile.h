@@ -19,12 +19,15 @@
 // restore what the experiment needs before the runs it compares.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/Device.h>
 
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -44,6 +47,10 @@ struct OpCallProfile {
   bool random = false;      // it draws from a generator
   bool collective = false;  // a c10d collective
   bool cacheable = false;   // a policy is asked about it
+  // The region returns a tensor on its outputs' new storage (see
+  // profile()): saving the call keeps nothing of that storage the caller
+  // does not hold, and output_bytes leave it out.
+  bool returned = false;
   // Where its first tensor output lives: an accelerator's outputs can be
   // offloaded (sac/lab/budget.h).
   c10::Device device = c10::kCPU;
@@ -82,10 +89,51 @@ class RegionProfile {
   std::vector<OpCallProfile> calls_;
 };
 
-// Runs `region` `runs` times and profiles its ops (see above): bytes and
-// kinds from the first run, each call's time the least of all runs (the
-// first run of a process pays for warm-up). Every run must make the same op
-// calls; a run that differs is an error.
-RegionProfile profile(const std::function<void()>& region, int runs = 3);
+namespace detail {
+// The region, handing what it returns to its argument.
+using ProfiledRegion = std::function<void(std::vector<at::Tensor>& returned)>;
+RegionProfile profile_region(const ProfiledRegion& region, int runs, int warmup);
+
+inline void collect_returned(const at::Tensor& t, std::vector<at::Tensor>& out) {
+  out.push_back(t);
+}
+inline void collect_returned(const std::vector<at::Tensor>& ts, std::vector<at::Tensor>& out) {
+  out.insert(out.end(), ts.begin(), ts.end());
+}
+template <class... T>
+void collect_returned(const std::tuple<T...>& ts, std::vector<at::Tensor>& out) {
+  std::apply([&](const auto&... t) { (collect_returned(t, out), ...); }, ts);
+}
+template <class T>
+void collect_returned(const T&, std::vector<at::Tensor>&) {
+  static_assert(sizeof(T) == 0,
+                "sac::profile: the region returns a type sac reads no tensors from. Return "
+                "a tensor, a std::vector or std::tuple of tensors, or nothing.");
+}
+}  // namespace detail
+
+// Runs `region` `warmup` times unprofiled, then `runs` times profiled (see
+// above): bytes and kinds from the first profiled run, each call's time the
+// least of all runs (the first run of a process pays for warm-up). Every
+// profiled run must make the same op calls; a run that differs is an error.
+// A region whose first run does more (lazy initialisation: FSDP's, a cache
+// filled once) needs warmup = 1.
+//
+// `region` returns nothing, or what it makes (a tensor, a std::vector or
+// std::tuple of them: a block's output, a loss): the calls that made those
+// are `returned`, and keeping them costs nothing (a plan's saved bytes are
+// then what checkpointing the region keeps beyond its outputs).
+template <class Region>
+RegionProfile profile(Region&& region, int runs = 3, int warmup = 0) {
+  return detail::profile_region(
+      [&](std::vector<at::Tensor>& returned) {
+        if constexpr (std::is_void_v<std::invoke_result_t<Region&>>) {
+          region();
+        } else {
+          detail::collect_returned(region(), returned);
+        }
+      },
+      runs, warmup);
+}
 
 }  // namespace sac

@@ -110,7 +110,7 @@ void Communication::note(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValu
   entry->hash = fnv1a(entry->hash, call);
 }
 
-void Communication::agree() const {
+size_t Communication::agree() const {
   // sac's own collectives: no observer or cache of a region sees them.
   dispatch::IsolationGuard unseen;
   for (const Group& entry : groups_) {
@@ -156,6 +156,7 @@ void Communication::agree() const {
         "took another branch: every rank must run its forward and backward through the same "
         "regions in the same order.");
   }
+  return groups_.size();
 }
 
 void wait_for_work(c10::ArrayRef<c10::IValue> outputs) {

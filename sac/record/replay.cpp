@@ -111,12 +111,13 @@ class Replay {
         values_(recording.values),
         copies_(recording.snapshots.size()) {}
 
-  void run() {
+  void run(size_t* agreements) {
     const size_t end = recording_.instructions.size();
     const Lifetimes lifetimes(recording_, end);
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    if (!recording_.communication.empty()) {
-      recording_.communication.agree();
+    const size_t agreed = recording_.communication.empty() ? 0 : recording_.communication.agree();
+    if (agreements != nullptr) {
+      *agreements = agreed;
     }
     for (size_t i = 0; i < end; ++i) {
       run_instruction(recording_.instructions[i]);
@@ -239,8 +240,9 @@ class Replay {
 
 }  // namespace
 
-void replay(const Recording& recording, std::vector<at::Tensor> outside, const MarkSink& on_mark) {
-  Replay(recording, std::move(outside), on_mark).run();
+void replay(const Recording& recording, std::vector<at::Tensor> outside, const MarkSink& on_mark,
+            size_t* agreements) {
+  Replay(recording, std::move(outside), on_mark).run(agreements);
 }
 
 }  // namespace sac::record

@@ -329,11 +329,18 @@ TEST(TwoRanks, RegionsReplayTheirCollectivesAfterTheRanksAgree) {
                         Case{"keep collectives", sac::never_recompute_collectives(), 0}}) {
     SCOPED_TRACE(c.name);
     sac::CheckpointOptions options;
-    if (c.policy) options.policy(*c.policy);
+    auto stats = std::make_shared<sac::RegionStatistics>();
+    if (c.policy) options.policy(*c.policy).statistics(stats);
     const Step step = sharded_step(in_a_region(options));
     EXPECT_EQ(step.forward_collectives, 2 * kLayers);
     // What each region's replay issues again, and one agreement per region.
     EXPECT_EQ(step.backward_collectives, (c.reissued + 1) * kLayers);
+    if (c.policy) {  // and what sac counts of them
+      const sac::RegionStatistics::Counts counts = stats->read();
+      EXPECT_EQ(static_cast<int64_t>(counts.collectives_issued), 2 * kLayers);
+      EXPECT_EQ(static_cast<int64_t>(counts.collectives_reissued), c.reissued * kLayers);
+      EXPECT_EQ(static_cast<int64_t>(counts.agreements), kLayers);
+    }
     expect_bit_identical(reference.shard_grads, step.shard_grads);
   }
 }

@@ -87,10 +87,11 @@ class SelectiveMode : public RegionContext, protected dispatch::OpInterceptor {
   // What both modes ask about an op on each of its calls, asked once per op
   // and mode: a policy and an op's traits never change.
   struct OpFacts {
-    bool decided;     // the policy decides about it (Policy::decides_about)
-    bool collective;  // it issues a collective (policy::issues_collective)
-    bool tag;         // sac::tag
-    bool random;      // it draws from a generator (policy::is_random)
+    bool decided;       // the policy decides about it (Policy::decides_about)
+    bool collective;    // it issues a functional collective (policy::issues_collective)
+    bool communicates;  // any collective, c10d's own included (policy::communicates)
+    bool tag;           // sac::tag
+    bool random;        // it draws from a generator (policy::is_random)
   };
   OpFacts facts(const c10::OperatorHandle& op) {
     if (const OpFacts* known = facts_.find(dispatch::op_key(op))) {

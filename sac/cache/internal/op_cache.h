@@ -182,7 +182,8 @@ class OpCache {
   // region with a policy is backwarded once. Does nothing while filling.
   void release_untaken();
 
-  // Drops every call and the outputs it kept, and the collectives noted.
+  // Drops every call and the outputs it kept, the collectives noted and the
+  // demotions: empty, as new.
   void clear();
   // No call entered (or all cleared).
   bool empty() const { return ops_.empty(); }

@@ -45,8 +45,8 @@ class Communication {
 
   // Before a replay communicates: exchanges fingerprints with the other
   // ranks of each group, in the order the forward first used them, and
-  // throws (on every rank) if any differs.
-  void agree() const;
+  // throws (on every rank) if any differs. Returns how many exchanges it made.
+  size_t agree() const;
 
  private:
   struct Group {

@@ -25,6 +25,11 @@ using MarkSink = std::function<void(size_t mark, const at::Tensor& value)>;
 // A value is kept from the instruction that makes it to the last instruction that reads
 // it, so the replay holds no more than the forward held of the same values.
 // Throws a c10::Error if a replayed op returns other tensors than it did.
-void replay(const Recording& recording, std::vector<at::Tensor> outside, const MarkSink& on_mark);
+//
+// A recording that communicates agrees with the other ranks first
+// (Communication::agree); `agreements`, if given, is set to how many exchanges
+// that made before any instruction runs, so an early stop keeps the count.
+void replay(const Recording& recording, std::vector<at::Tensor> outside, const MarkSink& on_mark,
+            size_t* agreements = nullptr);
 
 }  // namespace sac::record
