@@ -133,6 +133,68 @@ TEST_F(Lab, KnapsackMatchesBruteForce) {
   }
 }
 
+// With groups: a region's whole item (not checkpointed) excludes its calls.
+// Equal weights are common (identical blocks), to exercise the cut.
+TEST_F(Lab, KnapsackWithWholeItemsMatchesBruteForce) {
+  std::mt19937_64 rng(5);
+  for (int trial = 0; trial < 600; ++trial) {
+    const int groups = 1 + static_cast<int>(rng() % 3);
+    std::vector<sac::lab::Item> items;
+    for (int g = 0; g < groups; ++g) {
+      const size_t calls = 1 + rng() % 4;
+      int64_t sum = 0;
+      double time = 0;
+      for (size_t c = 0; c < calls; ++c) {
+        sac::lab::Item item;
+        item.weight = static_cast<int64_t>(10 * (1 + rng() % 5));
+        item.value = static_cast<double>(rng() % 100) / 3.0;
+        item.group = rng() % 5 == 0 ? -1 : g;  // now and then an item of no group
+        sum += item.weight;
+        time += item.value;
+        items.push_back(item);
+      }
+      sac::lab::Item whole;
+      whole.weight = static_cast<int64_t>(rng() % (sum + 20));
+      whole.value = time + static_cast<double>(rng() % 30);
+      whole.group = g;
+      whole.whole = true;
+      items.push_back(whole);
+    }
+    std::shuffle(items.begin(), items.end(), rng);
+    const size_t n = items.size();
+    int64_t total = 0;
+    for (const auto& item : items) total += item.weight;
+    const int64_t capacity = static_cast<int64_t>(rng() % (total + 1));
+    double best = 0;
+    for (uint64_t mask = 0; mask < (uint64_t{1} << n); ++mask) {
+      int64_t weight = 0;
+      double value = 0;
+      std::vector<int> wholes(groups, 0), others(groups, 0);
+      for (size_t i = 0; i < n; ++i) {
+        if (mask >> i & 1) {
+          weight += items[i].weight;
+          value += items[i].value;
+          if (items[i].group >= 0) ++(items[i].whole ? wholes : others)[items[i].group];
+        }
+      }
+      bool allowed = weight <= capacity;
+      for (int g = 0; g < groups; ++g) allowed = allowed && (wholes[g] == 0 || others[g] == 0);
+      if (allowed) best = std::max(best, value);
+    }
+    const auto choice = sac::lab::solve_knapsack(items, capacity);
+    ASSERT_TRUE(choice.exact);
+    EXPECT_LE(choice.weight, capacity);
+    EXPECT_NEAR(choice.value, best, 1e-9) << "trial " << trial;
+    std::vector<int> wholes(groups, 0), others(groups, 0);
+    for (const size_t i : choice.chosen) {
+      if (items[i].group >= 0) ++(items[i].whole ? wholes : others)[items[i].group];
+    }
+    for (int g = 0; g < groups; ++g) {
+      EXPECT_TRUE(wholes[g] == 0 || others[g] == 0) << "trial " << trial << ", group " << g;
+    }
+  }
+}
+
 // The budgeted policy keeps what the plan predicts, never more than the
 // budget, with bit-identical gradients.
 TEST_F(Lab, BudgetedPolicyKeepsWhatItPredictsWithinItsBudget) {
@@ -241,6 +303,135 @@ TEST_F(Lab, WhatTheRegionReturnsIsTheCallers) {
     EXPECT_EQ(kept_by(plan.policies[0], &grads) - none, plan.saved_bytes);
     expect_bit_identical(expected, grads);
   }
+}
+
+// Not checkpointing as a choice per region (unchecked_regions): at every
+// budget the plan is never worse than leaving a region unchecked (a
+// checkpointed region keeps fewer bytes than it would unchecked, or
+// recomputes nothing), a budget of the plain step's bytes recomputes
+// nothing, and the plan keeps its saved bytes, counted by the allocator,
+// with gradients bit-identical, under sac::checkpoint and the region guard.
+TEST_F(Lab, UncheckedRegionsMakePlansNeverWorseThanNotCheckpointing) {
+  torch::manual_seed(0);
+  std::vector<GptBlock> blocks;
+  for (int b = 0; b < 3; ++b) blocks.emplace_back(32, 4, /*dropout=*/0.0);
+  const at::Tensor x = torch::randn({2, 8, 32}, torch::requires_grad());
+  std::vector<sac::RegionProfile> profiles;
+  int64_t plain = 0;
+  {
+    at::Tensor h = x;
+    for (auto& block : blocks) {
+      profiles.push_back(sac::profile([&] { return block->forward(h); }, 1));
+      plain += profiles.back().plain_bytes();
+      h = block->forward(h);
+    }
+  }
+  std::vector<at::Tensor> params{x};
+  for (auto& block : blocks) {
+    for (const auto& p : block->parameters()) params.push_back(p);
+  }
+  // Kept after the forward beyond full recomputation's, and the gradients,
+  // with each block under `policies` (as a checkpoint or a region).
+  auto run = [&](const std::vector<sac::Policy>& policies, bool region,
+                 std::vector<at::Tensor>* grads) {
+    const int64_t base = CountingAllocator::live_bytes();
+    at::Tensor h = x;
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      const auto options = sac::CheckpointOptions().policy(policies[b]);
+      if (region) {
+        sac::CheckpointRegion guard(options);
+        h = blocks[b]->forward(h);
+      } else {
+        h = sac::checkpoint(
+            options, [&, b](const at::Tensor& in) { return blocks[b]->forward(in); }, h);
+      }
+    }
+    const int64_t kept = CountingAllocator::live_bytes() - base - static_cast<int64_t>(h.nbytes());
+    *grads = torch::autograd::grad({h.sum()}, params);
+    return kept;
+  };
+  std::vector<at::Tensor> expected, grads;
+  {
+    at::Tensor h = x;
+    for (auto& block : blocks) h = block->forward(h);
+    expected = torch::autograd::grad({h.sum()}, params);
+  }
+  const std::vector<sac::Policy> nothing(blocks.size(), sac::nothing_saveable());
+  const bool regions = sac::dispatch::mechanism() == sac::dispatch::Mechanism::FallbackKey;
+  int64_t everything = 0;
+  for (const auto& p : profiles) everything += p.keepable_bytes();
+  ASSERT_GT(everything, plain);
+  int unchecked_seen = 0;
+  for (int step = 0; step <= 10; ++step) {
+    const int64_t budget = everything * step / 10;
+    SCOPED_TRACE(budget);
+    const auto plan = sac::budgeted_plan(profiles, sac::Budget::bytes(budget), std::nullopt, true);
+    ASSERT_TRUE(plan.exact);
+    EXPECT_LE(plan.saved_bytes, budget);
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      EXPECT_EQ(plan.checkpointed[b], plan.policies[b].checkpoints());
+      unchecked_seen += !plan.checkpointed[b];
+      if (!plan.checkpointed[b]) continue;
+      int64_t kept = 0;
+      for (const auto& call : plan.saved_calls[b]) kept += call.bytes;
+      double recomputed = 0;
+      for (const auto& call : profiles[b].calls()) recomputed += call.seconds;
+      for (const auto& call : plan.saved_calls[b]) {
+        for (const auto& c : profiles[b].calls()) {
+          if (c.op == call.op && c.call == call.call) recomputed -= c.seconds;
+        }
+      }
+      EXPECT_TRUE(kept < profiles[b].plain_bytes() || recomputed <= 1e-12)
+          << "block " << b << " keeps " << kept << " bytes checkpointed, "
+          << profiles[b].plain_bytes() << " unchecked";
+    }
+    if (budget >= plain) {  // the plain step fits: nothing recomputed
+      for (size_t b = 0; b < blocks.size(); ++b) EXPECT_FALSE(plan.checkpointed[b]) << b;
+    }
+    for (const bool region : {false, true}) {
+      if (region && !regions) continue;
+      SCOPED_TRACE(region ? "region" : "checkpoint");
+      const int64_t none = run(nothing, region, &grads);
+      EXPECT_EQ(run(plan.policies, region, &grads) - none, plan.saved_bytes);
+      expect_bit_identical(expected, grads);
+    }
+  }
+  EXPECT_GT(unchecked_seen, 0);
+  // Without the choice, a budget of the plain step's bytes still recomputes.
+  const auto checkpointed = sac::budgeted_plan(profiles, sac::Budget::bytes(plain));
+  EXPECT_GT(checkpointed.recompute_seconds, 0);
+  // A context_fn cannot leave its region unchecked: refused, with advice.
+  const auto unchecked =
+      sac::budgeted_plan(profiles, sac::Budget::bytes(plain), std::nullopt, true);
+  const std::string refused =
+      sac_test::error_of([&] { sac::create_selective_checkpoint_contexts(unchecked.policies[0]); });
+  EXPECT_NE(refused.find("leaves its region unchecked"), std::string::npos) << refused;
+}
+
+// What a region keeps when it is not checkpointed, as the profile measures
+// it, is what the allocator counts beyond full recomputation's, to the byte.
+TEST_F(Lab, PlainBytesAreWhatNotCheckpointingKeeps) {
+  torch::manual_seed(0);
+  GptBlock block(32, 4, /*dropout=*/0.1);
+  const at::Tensor x = torch::randn({2, 8, 32}, torch::requires_grad());
+  torch::manual_seed(7);
+  const sac::RegionProfile p = sac::profile([&] { return block->forward(x); }, 1);
+  ASSERT_GT(p.plain_bytes(), 0);
+  auto kept_by = [&](const std::optional<sac::Policy>& policy) {
+    torch::manual_seed(7);
+    const int64_t base = CountingAllocator::live_bytes();
+    const at::Tensor y = policy ? sac::checkpoint(
+                                      sac::CheckpointOptions().policy(*policy),
+                                      [&](const at::Tensor& in) { return block->forward(in); }, x)
+                                : block->forward(x);
+    return CountingAllocator::live_bytes() - base;  // y held
+  };
+  const int64_t plain = kept_by(std::nullopt);
+  const int64_t nothing = kept_by(sac::nothing_saveable());
+  EXPECT_EQ(plain - nothing, p.plain_bytes()) << "plain " << plain << ", nothing " << nothing;
+  // Keeping every call keeps more than not checkpointing (views and outputs
+  // autograd never saves), which is why a plan must weigh both.
+  EXPECT_GT(p.keepable_bytes(), p.plain_bytes());
 }
 
 // A region whose first run initialises something (FSDP's lazy
@@ -360,9 +551,45 @@ TEST_F(Lab, TwelveBlocksAreSolvedExactly) {
     profiles.push_back(profile_of(block, x));
   }
   for (const double fraction : {0.05, 0.2, 0.5, 0.8}) {
-    const auto plan = sac::budgeted_plan(profiles, sac::Budget::fraction(fraction));
-    EXPECT_TRUE(plan.exact) << fraction;
-    EXPECT_LE(plan.saved_bytes, plan.budget_bytes);
+    for (const bool unchecked : {false, true}) {
+      const auto plan =
+          sac::budgeted_plan(profiles, sac::Budget::fraction(fraction), std::nullopt, unchecked);
+      EXPECT_TRUE(plan.exact) << fraction << (unchecked ? ", unchecked regions" : "");
+      EXPECT_LE(plan.saved_bytes, plan.budget_bytes);
+    }
+  }
+}
+
+// More regions than the solver decides exactly whether to check
+// (lab::kExactWholes): the local search keeps the plan within its budget,
+// never keeps a region's calls worth its plain bytes while it recomputes,
+// and leaves every region unchecked where the plain step fits.
+TEST_F(Lab, ManyRegionsAreNeverWorseThanNotCheckpointing) {
+  torch::manual_seed(0);
+  GptBlock block(64, 4, 0.0);
+  const at::Tensor x = torch::randn({2, 16, 64}, torch::requires_grad());
+  std::vector<sac::RegionProfile> profiles;
+  int64_t plain = 0, everything = 0;
+  for (size_t i = 0; i < 2 * sac::lab::kExactWholes; ++i) {
+    profiles.push_back(sac::profile([&] { return block->forward(x); }, 1));
+    plain += profiles.back().plain_bytes();
+    everything += profiles.back().keepable_bytes();
+  }
+  for (int step = 1; step <= 10; ++step) {
+    const int64_t budget = everything * step / 10;
+    const auto plan = sac::budgeted_plan(profiles, sac::Budget::bytes(budget), std::nullopt, true);
+    EXPECT_FALSE(plan.exact);
+    EXPECT_GE(plan.gap_seconds, 0);
+    EXPECT_LE(plan.saved_bytes, budget);
+    for (size_t r = 0; r < profiles.size(); ++r) {
+      if (budget >= plain) EXPECT_FALSE(plan.checkpointed[r]) << budget << ", region " << r;
+      if (!plan.checkpointed[r]) continue;
+      int64_t kept = 0;
+      for (const auto& call : plan.saved_calls[r]) kept += call.bytes;
+      EXPECT_TRUE(kept < profiles[r].plain_bytes() ||
+                  plan.saved_calls[r].size() == profiles[r].calls().size())
+          << budget << ", region " << r;
+    }
   }
 }
 

@@ -113,6 +113,7 @@ void add_lab(py::module_& m) {
   py::class_<RegionProfile>(m, "RegionProfile", "What a region's ops cost, call by call.")
       .def_property_readonly("calls", &RegionProfile::calls)
       .def("keepable_bytes", &RegionProfile::keepable_bytes)
+      .def_property_readonly("plain_bytes", &RegionProfile::plain_bytes)
       .def("keepable_seconds", &RegionProfile::keepable_seconds)
       .def(
           "table",
@@ -140,6 +141,7 @@ void add_lab(py::module_& m) {
                            "One budget shared by several regions. saved_bytes and "
                            "recompute_seconds are the profiled shapes'.")
       .def_readonly("policies", &BudgetedPlan::policies)
+      .def_readonly("checkpointed", &BudgetedPlan::checkpointed)
       .def_readonly("budget_bytes", &BudgetedPlan::budget_bytes)
       .def_readonly("saved_bytes", &BudgetedPlan::saved_bytes)
       .def_readonly("recompute_seconds", &BudgetedPlan::recompute_seconds)
@@ -149,11 +151,11 @@ void add_lab(py::module_& m) {
   m.def(
       "budgeted_plan",
       [](const std::vector<RegionProfile>& profiles, std::optional<int64_t> bytes,
-         std::optional<double> fraction) {
-        return budgeted_plan(profiles, budget_of(bytes, fraction));
+         std::optional<double> fraction, bool unchecked_regions) {
+        return budgeted_plan(profiles, budget_of(bytes, fraction), std::nullopt, unchecked_regions);
       },
       py::arg("profiles"), py::kw_only(), py::arg("bytes") = py::none(),
-      py::arg("fraction") = py::none());
+      py::arg("fraction") = py::none(), py::arg("unchecked_regions") = false);
   m.def(
       "budgeted_policy",
       [](const RegionProfile& profile, std::optional<int64_t> bytes,

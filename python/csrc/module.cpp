@@ -181,6 +181,7 @@ PYBIND11_MODULE(_C, m) {
   sac::python::add_lab(m);
   py::class_<Policy>(m, "Policy", "Which op calls to save, recompute or offload.")
       .def("describe", &Policy::describe)
+      .def_property_readonly("checkpoints", &Policy::checkpoints)
       .def("__repr__", [](const Policy& p) { return "torch_sac.Policy(" + p.describe() + ")"; });
 
   // The modes' entries and exits run inside torch's own error and warning

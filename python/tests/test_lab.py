@@ -86,6 +86,18 @@ def whole_model_step(model, batch, context_fn=None, region_policy=None, count=No
     return (out.detach(), grads), kept
 
 
+def whole_model_profile(model, batch):
+    """sac.profile of a copy's whole forward, returning its loss."""
+    profiled = models.copy.deepcopy(model)
+    profiled.train()
+
+    def forward():
+        torch.manual_seed(7)
+        return profiled(**batch).loss
+
+    return sac.profile(forward, runs=1)
+
+
 @pytest.fixture(scope="module")
 def counting():
     if not LIBRARY:
@@ -96,6 +108,40 @@ def counting():
     return library
 
 
+@pytest.mark.parametrize("architecture", [models.gpt2, models.llama], ids=lambda f: f.__name__)
+def test_a_plan_is_never_worse_than_not_checkpointing(architecture, counting):
+    """Issue 45: a plan at half of everything_saveable's bytes kept more than
+    the step keeps unchecked on Llama, and still recomputed. The profile
+    measures what the region keeps unchecked (plain_bytes, to the byte); with
+    unchecked_regions a plan whose budget covers that leaves the region
+    unchecked, and no plan keeps as much while recomputing."""
+    torch.manual_seed(0)
+    model, batch = architecture()
+    profile = whole_model_profile(model, batch)
+    _, kept_plain = whole_model_step(model, batch, count=counting)
+    _, kept_full = whole_model_step(model, batch, count=counting,
+                                    context_fn=sac.context_fn(sac.nothing_saveable()))
+    # PyTorch's checkpoint also keeps the CPU generator's state as a tensor,
+    # which leaving the region unchecked saves too.
+    rng_state = torch.get_rng_state().nbytes
+    assert kept_plain - (kept_full - rng_state) == profile.plain_bytes
+    for fraction in [0.25, 0.5, 0.75, 1.0]:
+        before = sac.budgeted_plan([profile], fraction=fraction)
+        plan = sac.budgeted_plan([profile], fraction=fraction, unchecked_regions=True)
+        assert plan.saved_bytes <= plan.budget_bytes
+        if plan.budget_bytes >= profile.plain_bytes:
+            assert plan.checkpointed == [False] and not plan.policies[0].checkpoints
+            assert plan.saved_bytes == profile.plain_bytes
+            with pytest.raises(RuntimeError, match="leaves its region unchecked"):
+                sac.context_fn(plan.policies[0])()
+        else:
+            assert plan.checkpointed == [True] and plan.saved_bytes < profile.plain_bytes
+        # Without the choice, a plan may keep more than unchecked and still
+        # recompute (the views and in-place calls the fallback key sees).
+        if before.saved_bytes >= profile.plain_bytes and before.recompute_seconds > 1e-9:
+            assert plan.recompute_seconds == 0
+
+
 @pytest.mark.parametrize("architecture", [models.gpt2, models.llama, models.bart],
                          ids=lambda f: f.__name__)
 @pytest.mark.parametrize("fraction", [0.25, 0.6, 1.0])
@@ -104,14 +150,7 @@ def test_a_budgeted_policy_keeps_its_plan_exactly(architecture, fraction, counti
     model, batch = architecture()
     expected, _ = whole_model_step(model, batch)
 
-    profiled = models.copy.deepcopy(model)
-    profiled.train()
-
-    def forward():
-        torch.manual_seed(7)
-        return profiled(**batch).loss
-
-    profile = sac.profile(forward, runs=1)
+    profile = whole_model_profile(model, batch)
     # The loss is returned: keeping the call that made it keeps none of the
     # loss's bytes (the caller holds them).
     assert [c for c in profile.calls if c.returned], "no call made the returned loss"

@@ -364,6 +364,13 @@ void CachedMode::intercept(const c10::OperatorHandle& op, c10::DispatchKeySet be
 SelectiveCheckpointContexts create_selective_checkpoint_contexts(
     const Policy& policy, bool allow_cache_entry_mutation, std::shared_ptr<CopyTarget> offload_to,
     std::shared_ptr<RegionStatistics> statistics) {
+  TORCH_CHECK(policy.checkpoints(), "sac: the policy ", policy.describe(),
+              " leaves its region unchecked (a budgeted plan found that not checkpointing "
+              "the region keeps fewer bytes than any checkpoint that recomputes less), so "
+              "it has no selective checkpointing contexts. Run that region without "
+              "checkpointing (BudgetedPlan::checkpointed says which; sac::checkpoint and "
+              "sac::CheckpointRegion do so themselves under this policy), or plan with "
+              "every region checkpointed (unchecked_regions off).");
   policy.prepare_interception();
   // The caching mode watches these for in-place changes to cached values.
   dispatch::intercept_ops(policy::hidden_alias_ops());

@@ -152,7 +152,9 @@ auto checkpoint(const CheckpointOptions& options, Fn&& fn, Args&&... args) {
   static_assert(!std::is_void_v<Result>,
                 "sac::checkpoint: the checkpointed function must return its "
                 "outputs (a Tensor, a tuple or a vector of Tensors)");
-  if (!c10::GradMode::is_enabled()) {
+  // A plan may leave the region unchecked (Policy::checkpoints).
+  if (!c10::GradMode::is_enabled() ||
+      (options.policy().has_value() && !options.policy()->checkpoints())) {
     return std::invoke(fn, std::forward<Args>(args)...);
   }
   std::vector<at::Tensor> inputs;

@@ -146,7 +146,9 @@ struct CheckpointRegion::Active {
 CheckpointRegion::CheckpointRegion() : CheckpointRegion(detail::scoped_options()) {}
 
 CheckpointRegion::CheckpointRegion(const CheckpointOptions& options) {
-  if (!c10::GradMode::is_enabled()) {
+  // A plan may leave the region unchecked (Policy::checkpoints).
+  if (!c10::GradMode::is_enabled() ||
+      (options.policy().has_value() && !options.policy()->checkpoints())) {
     return;
   }
   std::string why;

@@ -52,6 +52,23 @@ class ChosenCallsRule final : public Policy::Rule {
   std::string description_;
 };
 
+// A region the plan leaves unchecked. Under a checkpoint all the same (in a
+// combinator, whose policy checkpoints) it keeps every call.
+class UncheckedRule final : public Policy::Rule {
+ public:
+  explicit UncheckedRule(std::string description) : description_(std::move(description)) {}
+  CheckpointPolicy decide(const SelectiveCheckpointContext&, const c10::OperatorHandle&,
+                          c10::ArrayRef<c10::IValue>) const override {
+    return CheckpointPolicy::MustSave;
+  }
+  Policy::Domain domain() const override { return Policy::Domain::every_cacheable(); }
+  std::string describe() const override { return description_; }
+  bool checkpoints() const override { return false; }
+
+ private:
+  std::string description_;
+};
+
 }  // namespace
 
 Budget Budget::bytes(int64_t bytes) {
@@ -95,24 +112,41 @@ double measure_offload_bandwidth(c10::Device device, int64_t bytes) {
 }
 
 BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget budget,
-                           std::optional<OffloadCost> offload) {
+                           std::optional<OffloadCost> offload, bool unchecked_regions) {
   TORCH_CHECK(!offload.has_value() || offload->bytes_per_second > 0,
               "sac::budgeted_plan: an offload bandwidth must be positive; got ",
               offload->bytes_per_second,
               " bytes per second (measure it with "
               "sac::measure_offload_bandwidth).");
   std::vector<lab::Item> items;
-  std::vector<lab::CallChoice> choices;  // per item
+  std::vector<lab::CallChoice> choices;
+  std::vector<size_t> item_of_choice;
+  std::vector<size_t> unchecked_item(profiles.size(), static_cast<size_t>(-1));
   int64_t everything = 0;
-  double recompute_all = 0;  // every call runs again unless kept or offloaded
   for (size_t p = 0; p < profiles.size(); ++p) {
+    const int group = static_cast<int>(p);
+    // What a checkpoint of the region costs with nothing kept: the
+    // recomputation of every call, or the trip of those cheaper to offload.
+    double region_cost = 0;
     for (const auto& call : profiles[p].calls()) {
-      recompute_all += call.seconds;
+      region_cost += call.seconds;
     }
     for (lab::CallChoice& choice : lab::choices_of(profiles[p], p, offload)) {
-      items.push_back({choice.bytes, choice.left.seconds});
+      for (const OpCallProfile* call : choice.calls) {
+        region_cost -= call->seconds;
+      }
+      region_cost += choice.left.seconds;
+      item_of_choice.push_back(items.size());
+      items.push_back({choice.bytes, choice.left.seconds, group, false});
       everything += choice.bytes;
       choices.push_back(std::move(choice));
+    }
+    if (unchecked_regions && profiles[p].plain_bytes() >= 0) {
+      // All of that saved, and the checkpoint's own work that no call
+      // profiles (its frame, its hooks): a nanosecond, so that a tie with
+      // keeping every call goes to the region unchecked.
+      unchecked_item[p] = items.size();
+      items.push_back({profiles[p].plain_bytes(), region_cost + 1e-9, group, true});
     }
   }
   BudgetedPlan plan;
@@ -130,38 +164,58 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
   }
   std::vector<std::vector<ChosenCallsRule::Chosen>> chosen(profiles.size());
   plan.saved_calls.resize(profiles.size());
-  plan.recompute_seconds = recompute_all;
-  for (size_t i = 0; i < items.size(); ++i) {
+  plan.checkpointed.assign(profiles.size(), true);
+  // A checkpointed region's every call runs again unless kept or offloaded.
+  for (size_t p = 0; p < profiles.size(); ++p) {
+    if (unchecked_item[p] < items.size() && kept[unchecked_item[p]]) {
+      plan.checkpointed[p] = false;
+      continue;
+    }
+    for (const auto& call : profiles[p].calls()) {
+      plan.recompute_seconds += call.seconds;
+    }
+  }
+  for (size_t i = 0; i < choices.size(); ++i) {
     const lab::CallChoice& c = choices[i];
-    if (!kept[i] && !c.left.offloaded) {
+    if (!plan.checkpointed[c.profile]) {
+      continue;
+    }
+    const bool keep = kept[item_of_choice[i]];
+    if (!keep && !c.left.offloaded) {
       continue;
     }
     for (const OpCallProfile* call : c.calls) {
       chosen[c.profile].push_back(
           {call->op, call->call,
-           kept[i] ? CheckpointPolicy::MustSave : CheckpointPolicy::MustCpuOffload});
+           keep ? CheckpointPolicy::MustSave : CheckpointPolicy::MustCpuOffload});
       plan.recompute_seconds -= call->seconds;
-      if (kept[i]) {  // the choice's bytes go with its first call
+      if (keep) {  // the choice's bytes go with its first call
         plan.saved_calls[c.profile].push_back(
             {call->op, call->call, call == c.calls.front() ? c.bytes : 0});
       }
     }
-    if (!kept[i]) {
+    if (!keep) {
       plan.offloaded_bytes += c.bytes;
       plan.offload_seconds += c.left.seconds;
     }
   }
+  // What rounding left of subtracting every call of a region.
+  plan.recompute_seconds = std::max(plan.recompute_seconds, 0.0);
+  const std::string budgeted = "budgeted(" + std::to_string(plan.budget_bytes) + " bytes" +
+                               (offload.has_value() ? ", offload" : "") + ")";
   for (size_t p = 0; p < profiles.size(); ++p) {
-    plan.policies.emplace_back(std::make_shared<ChosenCallsRule>(
-        std::move(chosen[p]), "budgeted(" + std::to_string(plan.budget_bytes) + " bytes" +
-                                  (offload.has_value() ? ", offload" : "") + ")"));
+    if (plan.checkpointed[p]) {
+      plan.policies.emplace_back(std::make_shared<ChosenCallsRule>(std::move(chosen[p]), budgeted));
+    } else {
+      plan.policies.emplace_back(std::make_shared<UncheckedRule>("unchecked, " + budgeted));
+    }
   }
   return plan;
 }
 
 Policy budgeted_policy(const RegionProfile& profile, Budget budget,
-                       std::optional<OffloadCost> offload) {
-  return budgeted_plan({profile}, budget, offload).policies.front();
+                       std::optional<OffloadCost> offload, bool unchecked_regions) {
+  return budgeted_plan({profile}, budget, offload, unchecked_regions).policies.front();
 }
 
 }  // namespace sac

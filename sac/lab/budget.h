@@ -12,6 +12,18 @@
 // as the profiled one: the bytes it keeps after the forward are the chosen
 // calls' bytes, which never exceed the budget.
 //
+// Not checkpointing can be a choice too, per region (`unchecked_regions`):
+// the region keeps what autograd saves in it (RegionProfile::plain_bytes)
+// and recomputes nothing. Keeping every call keeps more than that (outputs
+// autograd never saves, 1.6 to 1.9 times as much on Hugging Face's models),
+// so without the choice a plan may keep a region's calls worth more bytes
+// than not checkpointing it, and still recompute; with it, the solver takes
+// the region unchecked instead, and the plan is never worse than not
+// checkpointing. Such a region's policy says so (Policy::checkpoints() is
+// false): sac::checkpoint and sac::CheckpointRegion run it plainly, a
+// context_fn refuses it, and StepPhases::predict_peak does not predict it
+// yet.
+//
 // Offload is a third choice where outputs live on an accelerator: a call
 // left off the device costs the less of its recomputation and its bytes'
 // trip to host memory and back (at a measured bandwidth), so keeping it
@@ -77,6 +89,9 @@ struct SavedCall {
 struct BudgetedPlan {
   // One policy per profile, in order.
   std::vector<Policy> policies;
+  // Per profile: false where the plan leaves the region unchecked (its
+  // policy's checkpoints() is false; it keeps its plain_bytes).
+  std::vector<bool> checkpointed;
   int64_t budget_bytes = 0;
   // Predicted: bytes kept after the forward, and the time of the calls the
   // recomputation runs (all profiled calls but the kept and offloaded ones).
@@ -102,12 +117,17 @@ struct BudgetedPlan {
 
 // One budget shared by several regions (a model's blocks): the calls are
 // chosen across all of them at once. With `offload`, calls on an
-// accelerator may be offloaded (see above).
+// accelerator may be offloaded (see above). With `unchecked_regions`, a
+// region whose profile measured its plain bytes may be left unchecked (see
+// above; not where the code checkpoints every layer and cannot leave one
+// out, as Hugging Face's gradient_checkpointing_enable does).
 BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget budget,
-                           std::optional<OffloadCost> offload = std::nullopt);
+                           std::optional<OffloadCost> offload = std::nullopt,
+                           bool unchecked_regions = false);
 
 // The policy of one region.
 Policy budgeted_policy(const RegionProfile& profile, Budget budget,
-                       std::optional<OffloadCost> offload = std::nullopt);
+                       std::optional<OffloadCost> offload = std::nullopt,
+                       bool unchecked_regions = false);
 
 }  // namespace sac

@@ -397,6 +397,16 @@ int64_t StepPhases::peak() const {
   return peak;
 }
 
+int64_t StepPhases::predict_peak(const BudgetedPlan& plan) const {
+  for (size_t r = 0; r < plan.checkpointed.size(); ++r) {
+    TORCH_CHECK(plan.checkpointed[r], "sac::StepPhases::predict_peak: the plan leaves region ", r,
+                " unchecked, whose saved tensors the step's trace (measured with every region "
+                "checkpointed) does not hold; such a plan is not predicted yet. Plan without "
+                "unchecked_regions to predict its peak.");
+  }
+  return predict_peak(plan.saved_calls);
+}
+
 int64_t StepPhases::predict_peak(const std::vector<std::vector<SavedCall>>& saved_calls) const {
   return simulate(*trace_, changes_of(*trace_, saved_calls)).peak;
 }

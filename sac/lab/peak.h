@@ -111,7 +111,8 @@ class StepPhases {
   int64_t peak() const;
   // The step's peak under `plan`, whose policies are the regions', in the
   // order their forwards began.
-  int64_t predict_peak(const BudgetedPlan& plan) const { return predict_peak(plan.saved_calls); }
+  // A plan that leaves a region unchecked is not predicted yet.
+  int64_t predict_peak(const BudgetedPlan& plan) const;
   // The same from the calls each region keeps, in order: a budgeted plan's
   // or any policy's (Explanation::saved_calls, sac/lab/explain.h, which
   // includes the calls kept and dropped at the forward's end).

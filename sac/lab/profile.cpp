@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace sac {
 namespace {
@@ -68,6 +69,7 @@ class Profiler final : public dispatch::OpObserver {
         const int64_t bytes = storages_.meet(t);
         if (bytes > 0) {
           made_by_[t.storage().unsafeGetStorageImpl()] = records.size();
+          made_.push_back(t.storage().getWeakStorageImpl());
         }
         record.output_bytes += bytes;
       });
@@ -110,6 +112,25 @@ class Profiler final : public dispatch::OpObserver {
     made_by_.erase(maker);  // counted once however often it is returned
   }
 
+  // Bytes of the storages the calls made that are alive now, but those in
+  // `returned`: after the region returned, what its autograd graph holds.
+  int64_t alive_bytes(const std::vector<at::Tensor>& returned) const {
+    std::unordered_set<const c10::StorageImpl*> handed_out;
+    for (const at::Tensor& t : returned) {
+      if (t.defined() && t.has_storage()) {
+        handed_out.insert(t.storage().unsafeGetStorageImpl());
+      }
+    }
+    int64_t bytes = 0;
+    for (const auto& weak : made_) {
+      const c10::intrusive_ptr<c10::StorageImpl> storage = weak.lock();
+      if (storage && handed_out.count(storage.get()) == 0) {
+        bytes += static_cast<int64_t>(storage->nbytes());
+      }
+    }
+    return bytes;
+  }
+
   // Marks the calls whose outputs' storage was written after they returned,
   // through any tensor an op returned on it.
   void finish() {
@@ -139,6 +160,7 @@ class Profiler final : public dispatch::OpObserver {
   std::unordered_map<const c10::StorageImpl*, StorageWatch> watches_;
   // The call whose outputs first held each storage the region made.
   std::unordered_map<const c10::StorageImpl*, size_t> made_by_;
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> made_;  // each once
   std::unordered_map<c10::OperatorHandle, size_t> calls_of_;
   NewStorages storages_;
   Clock::time_point started_;
@@ -219,7 +241,12 @@ void RegionProfile::write_csv(std::ostream& out) const {
 
 namespace {
 
-std::vector<OpCallProfile> profile_once(const detail::ProfiledRegion& region) {
+struct ProfiledRun {
+  std::vector<OpCallProfile> calls;
+  int64_t plain_bytes = 0;
+};
+
+ProfiledRun profile_once(const detail::ProfiledRegion& region) {
   Profiler profiler;
   std::vector<at::Tensor> returned;
   {
@@ -229,8 +256,9 @@ std::vector<OpCallProfile> profile_once(const detail::ProfiledRegion& region) {
   for (const at::Tensor& t : returned) {
     profiler.returned(t);
   }
+  const int64_t plain_bytes = profiler.alive_bytes(returned);
   profiler.finish();
-  return std::move(profiler.records);
+  return {std::move(profiler.records), plain_bytes};
 }
 
 }  // namespace
@@ -244,9 +272,10 @@ RegionProfile detail::profile_region(const detail::ProfiledRegion& region, int r
   }
   // Under per-op kernels, the cacheable ops must be intercepted to be seen.
   dispatch::intercept_ops_matching(&policy::is_cacheable);
-  std::vector<OpCallProfile> calls = profile_once(region);
+  ProfiledRun first = profile_once(region);
+  std::vector<OpCallProfile>& calls = first.calls;
   for (int run = 1; run < runs; ++run) {
-    const std::vector<OpCallProfile> again = profile_once(region);
+    const std::vector<OpCallProfile> again = profile_once(region).calls;
     // Where the second run is the first to differ, the first may have been
     // a lazy initialisation: say how to leave it out.
     const std::string advice =
@@ -268,7 +297,7 @@ RegionProfile detail::profile_region(const detail::ProfiledRegion& region, int r
       calls[i].seconds = std::min(calls[i].seconds, again[i].seconds);
     }
   }
-  return RegionProfile(std::move(calls));
+  return RegionProfile(std::move(calls), first.plain_bytes);
 }
 
 }  // namespace sac

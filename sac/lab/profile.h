@@ -70,10 +70,19 @@ struct OpCallProfile {
 
 class RegionProfile {
  public:
-  explicit RegionProfile(std::vector<OpCallProfile> calls) : calls_(std::move(calls)) {}
+  // `plain_bytes` < 0: not measured (a profile made by hand).
+  explicit RegionProfile(std::vector<OpCallProfile> calls, int64_t plain_bytes = -1)
+      : calls_(std::move(calls)), plain_bytes_(plain_bytes) {}
 
   // In the order the region ran them.
   const std::vector<OpCallProfile>& calls() const { return calls_; }
+  // What the region keeps when it is not checkpointed: the bytes of the
+  // storages its calls made that were still alive when its first profiled
+  // run returned (what autograd saved for backward), beyond what it returned.
+  // A storage the region hands out otherwise (assigned to a variable the
+  // caller reads) counts here too: return it instead. Negative if not
+  // measured.
+  int64_t plain_bytes() const { return plain_bytes_; }
   // What saving every keepable call keeps (everything_saveable()).
   int64_t keepable_bytes() const;
   // What recomputing every keepable call costs.
@@ -87,6 +96,7 @@ class RegionProfile {
 
  private:
   std::vector<OpCallProfile> calls_;
+  int64_t plain_bytes_;
 };
 
 namespace detail {

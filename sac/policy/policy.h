@@ -77,6 +77,12 @@ class Policy {
     virtual Domain domain() const = 0;
     // How the policy reads in messages: "save_ops(aten::mm)".
     virtual std::string describe() const = 0;
+    // False for a region a budgeted plan leaves unchecked (sac/lab/budget.h):
+    // it keeps what autograd saves, which costs less than keeping every
+    // call. sac::checkpoint and sac::CheckpointRegion then run the region
+    // plainly; a context_fn cannot (create_selective_checkpoint_contexts
+    // refuses it).
+    virtual bool checkpoints() const { return true; }
   };
 
   explicit Policy(std::shared_ptr<const Rule> rule);
@@ -129,6 +135,8 @@ class Policy {
   void prepare_interception() const;
 
   std::string describe() const { return rule_->describe(); }
+  // Whether a region under this policy is checkpointed (see Rule::checkpoints).
+  bool checkpoints() const { return rule_->checkpoints(); }
 
  private:
   // Whether `op` is sac::tag's operator (Note [The tag operator]).
