@@ -320,6 +320,9 @@ def measure_on_ranks():
     torch.set_num_threads(1)
     try:
         for name, beside in [("clean", False), ("rank_1_beside", dist.get_rank() == 1)]:
+            live_bytes()  # Gloo's threads done with the last exchange
+            dist.barrier()
+            live_bytes()
             try:
                 with no_collection():
                     sac.measure_step_phases(lambda: step(beside), **probe)

@@ -5,6 +5,7 @@ checkpointing, and sac's op list keeps the bytes PyTorch's SAC keeps with
 it. `-s` prints a table of the results."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -182,5 +183,9 @@ def test_a_step_one_rank_cannot_measure_is_refused_on_every_rank(counts):
             pytest.skip("SAC_COUNTING_ALLOCATOR is not set")
         assert r["measure"]["clean"] is None, (rank, r["measure"]["clean"])
         refused = r["measure"]["rank_1_beside"]
-        assert refused and "rank(s) 1 of the group (of 2)" in refused, (rank, refused)
+        # Rank 1 refuses; rank 0 may too, if Gloo's threads allocated beside
+        # its step (the race this agreement is for).
+        named = re.search(r"rank\(s\) ([0-9, ]+) of the group \(of 2\)", refused or "")
+        assert named and "1" in named.group(1).split(", "), (rank, refused)
         assert "no rank plans from it" in refused, (rank, refused)
+        assert refused == counts[0]["measure"]["rank_1_beside"], "the ranks raised differently"
