@@ -330,16 +330,16 @@ def measure_step_phases(step: Callable[[], Any], *, live: Callable[[], int],
                 "profiler slot of the thread, which the recording takes). Measure the step "
                 "with no profiler, and profile another step.") from e
 
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    if not distributed:
-        return _C.measure_step_phases(recorded_step, live=live, peak=peak,
-                                      reset_peak=reset_peak)
     refused = None
     try:
         phases = _C.measure_step_phases(recorded_step, live=live, peak=peak,
                                         reset_peak=reset_peak)
     except RuntimeError as e:
         refused = e
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        if refused is not None:
+            raise refused
+        return phases
     outcomes = [None] * torch.distributed.get_world_size(group)
     torch.distributed.all_gather_object(outcomes, None if refused is None else str(refused),
                                         group=group)

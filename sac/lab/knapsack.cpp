@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <map>
 #include <numeric>
 #include <unordered_map>
 
@@ -37,20 +36,6 @@ class Search {
     whole_taken_.assign(groups, false);
     others_taken_.assign(groups, 0);
     taken_.assign(items.size(), false);
-    // Groups alike (a model's identical blocks): the same whole item and the
-    // same other items. Each gets the index of the first group alike.
-    std::vector<std::vector<std::pair<int64_t, double>>> members(groups);
-    for (const Item& item : items) {
-      if (item.group >= 0) {
-        members[item.group].emplace_back(item.whole ? -1 - item.weight : item.weight, item.value);
-      }
-    }
-    std::map<std::vector<std::pair<int64_t, double>>, int> first_alike;
-    kind_.resize(groups);
-    for (int g = 0; g < groups; ++g) {
-      std::sort(members[g].begin(), members[g].end());
-      kind_[g] = first_alike.emplace(std::move(members[g]), g).first->second;
-    }
   }
 
   Choice run() {
@@ -145,11 +130,9 @@ class Search {
     // out an earlier one of the same weight that could have been taken is
     // never better than taking that one instead (every whole item is decided
     // by now, so the swap stays allowed). The blocks of a model give many
-    // items of equal weight. Whole items are decided first, and taking one
-    // after leaving out that of a group alike is the same as taking that one
-    // (with the groups' other items swapped too).
-    int& skipped =
-        item.whole ? skipped_of_kind_[kind_[item.group]] : skipped_of_weight_[item.weight];
+    // items of equal weight. Whole items (groups differ) are not cut.
+    int no_cut = 0;
+    int& skipped = item.whole ? no_cut : skipped_of_weight_[item.weight];
     if (item.weight <= room && skipped == 0) {
       taken_[k] = true;
       take(item, true);
@@ -195,11 +178,9 @@ class Search {
   std::vector<size_t> order_;       // the branching order: whole items, then the others
   std::vector<size_t> position_;    // per item: its position in order_
   size_t wholes_ = 0;
-  std::vector<bool> whole_taken_;                 // per group
-  std::vector<int> others_taken_;                 // per group
-  std::vector<int> kind_;                         // per group: the first group alike
-  std::unordered_map<int, int> skipped_of_kind_;  // whole items left out, per kind
-  std::vector<bool> taken_;                       // by position in order_
+  std::vector<bool> whole_taken_;  // per group
+  std::vector<int> others_taken_;  // per group
+  std::vector<bool> taken_;        // by position in order_
   // Per weight, the items of that weight left out on the current path.
   std::unordered_map<int64_t, int> skipped_of_weight_;
   std::vector<size_t> best_;
