@@ -279,6 +279,43 @@ TEST(C10Contract, EngineStubGivesSavedVariablesSacsHooks) {
   EXPECT_TRUE(torch::equal(x.grad(), torch::full({3}, 2.0))) << CONTRACT("Engine stub");
 }
 
+TEST(C10Contract, ViewGradFnIsRebuiltOnDemand) {
+  // sac tells a view whose grad_fn autograd will rebuild (its base modified
+  // in place since) by its DifferentiableViewMeta's attr_version
+  // (grad_fn_is_stale, sac/base/saved_tensor_hooks.cpp), and saves such a
+  // checkpoint argument without hooks, because a SavedVariable made under
+  // hooks asks for the grad_fn and so rebuilds it early (Note [Saving a
+  // stale view]).
+  sac::detail::install_hooking_engine();
+  at::Tensor base = torch::ones({2, 3}, torch::requires_grad()) * 2;
+  at::Tensor view = base.view({3, 2});
+  const uint64_t made = view.grad_fn()->sequence_nr();
+  EXPECT_FALSE(sac::detail::grad_fn_is_stale(view)) << CONTRACT("View grad_fn rebuilt on demand");
+  base.exp_();
+  EXPECT_TRUE(sac::detail::grad_fn_is_stale(view))
+      << CONTRACT("View grad_fn rebuilt on demand") << "an in-place op on the base went unseen";
+  int packs = 0;
+  {
+    sac::detail::SavedTensorHooksGuard hooks([&] { return std::make_unique<Packs>(&packs); });
+    const torch::autograd::SavedVariable saved(view, /*is_output=*/false);
+  }
+  EXPECT_EQ(packs, 1) << CONTRACT("View grad_fn rebuilt on demand");
+  EXPECT_FALSE(sac::detail::grad_fn_is_stale(view))
+      << CONTRACT("View grad_fn rebuilt on demand")
+      << "a SavedVariable made under hooks no longer rebuilds the grad_fn of the view it saves";
+  EXPECT_GT(view.grad_fn()->sequence_nr(), made)
+      << CONTRACT("View grad_fn rebuilt on demand") << "the rebuilt node was not numbered anew";
+  // save_input packs it once too, but makes the SavedVariable without the
+  // thread's hooks: its grad_fn is not asked for.
+  base.exp_();
+  {
+    sac::detail::SavedTensorHooksGuard hooks([&] { return std::make_unique<Packs>(&packs); });
+    const torch::autograd::SavedVariable saved = sac::detail::save_input(view);
+  }
+  EXPECT_EQ(packs, 2) << CONTRACT("View grad_fn rebuilt on demand");
+  EXPECT_TRUE(sac::detail::grad_fn_is_stale(view)) << CONTRACT("View grad_fn rebuilt on demand");
+}
+
 TEST(C10Contract, RawKeySetIsTheThreadsKeySet) {
   // The fallback key is flipped through c10::impl::raw_local_dispatch_key_set
   // (Note [Writing c10's key set in place], sac/dispatch/interceptor.cpp):

@@ -3,6 +3,7 @@
 // dispatch mechanisms by ctest. Each says what it once did.
 #include "support.h"
 
+#include <sac/base/internal/saved_tensor_hooks.h>
 #include <sac/dispatch/internal/interceptor.h>
 
 #include <thread>
@@ -278,6 +279,134 @@ TEST_F(Regressions, OutsideBufferOverwrittenWholeBackwardTwiceIsExact) {
   const auto expected = twice([&] { return f(a); });
   const auto actual = twice([&] { return sac::checkpoint(f, a); });
   expect_bit_identical(expected, actual);
+}
+
+// A buffer one region overwrites whole and another reads, nested inside it
+// or after it: the first region's recomputation writes it again (the same
+// values, a new version) before the second recomputes, and the second's
+// checks of versions raised "modified in place after the forward read it"
+// (found by the fuzzer). The second watches the buffer's bytes (Note
+// [Rewritten by a recomputation]): exact, as without checkpointing.
+TEST_F(Regressions, OutsideBufferOverwrittenByAnotherRegionIsExact) {
+  torch::manual_seed(0);
+  auto a = torch::randn({3, 4}, torch::requires_grad());
+  auto w = torch::randn({4}, torch::requires_grad());
+  at::Tensor buf;
+  auto overwrite = [&](const at::Tensor& in) {
+    buf.copy_(in.sin());
+    return in * buf.mean();
+  };
+  auto read = [&](const at::Tensor& in) { return (in * buf * w).tanh(); };
+  // Inside: the inner region's argument is held by the outer region, so
+  // unpacking it recomputes the outer region first.
+  auto nested = [&](const at::Tensor& in) {
+    auto h = overwrite(in);
+    return h + sac::checkpoint(read, in * 2);
+  };
+  auto step = [&](const std::function<at::Tensor()>& forward) {
+    buf = torch::zeros({3, 4});
+    return run_and_grad(forward, {a}, {w});
+  };
+  {
+    SCOPED_TRACE("nested");
+    expect_bit_identical(step([&] { return nested(a); }),
+                         step([&] { return sac::checkpoint(nested, a); }));
+  }
+  // After it: two backward passes, the overwriting region's first.
+  auto one_then_other = [&](bool checkpointed) {
+    buf = torch::zeros({3, 4});
+    auto run = [&](auto& f) { return checkpointed ? sac::checkpoint(f, a) : f(a); };
+    const at::Tensor first = run(overwrite);
+    const at::Tensor second = run(read);
+    // Kept: the second region reads the buffer's history, made in the first.
+    auto grads = torch::autograd::grad({first.sum()}, {a}, {}, /*retain_graph=*/true);
+    const auto more = torch::autograd::grad({second.sum()}, {a, w});
+    grads.insert(grads.end(), more.begin(), more.end());
+    return grads;
+  };
+  SCOPED_TRACE("after it");
+  expect_bit_identical(one_then_other(false), one_then_other(true));
+}
+
+// What stays caught: a buffer the first region overwrote, written again
+// (other values) before the second region reads it. The first region's
+// recomputation restores what it wrote, and the second would read that, not
+// what its forward read. (A buffer the second region saves is caught by
+// autograd's own check, which sac's holders keep.)
+TEST_F(Regressions, OutsideBufferRewrittenBetweenTwoRegionsIsCaught) {
+  torch::manual_seed(0);
+  auto a = torch::randn({3, 4}, torch::requires_grad());
+  at::Tensor buf;
+  auto overwrite = [&](const at::Tensor& in) {
+    buf.copy_(in.sin());
+    return in * buf.mean();
+  };
+  auto read = [&](const at::Tensor& in) { return (in + buf).tanh(); };  // buf not saved
+  auto second_grad = [&](const sac::CheckpointOptions* options) {
+    buf = torch::zeros({3, 4});
+    const at::Tensor first = options ? sac::checkpoint(overwrite, a) : overwrite(a);
+    buf.mul_(2);
+    const at::Tensor second = options ? sac::checkpoint(*options, read, a) : read(a);
+    torch::autograd::grad({first.sum()}, {a}, {}, /*retain_graph=*/true);
+    return torch::autograd::grad({second.sum()}, {a})[0];
+  };
+  const at::Tensor expected = second_grad(nullptr);
+  const auto unchecked = sac::CheckpointOptions().outside_tensor_check(false);
+  EXPECT_FALSE(second_grad(&unchecked).equal(expected)) << "the unchecked gradient should be wrong";
+  const auto checked = sac::CheckpointOptions();
+  const std::string message = error_of<sac::CheckpointError>([&] { second_grad(&checked); });
+  EXPECT_NE(message.find("was modified in place after the forward read it"), std::string::npos)
+      << message;
+}
+
+// A view whose base was modified in place after it was taken, given to a
+// checkpoint under hooks (an enclosing checkpoint's, an offload guard's):
+// saving it made its grad_fn then, not where the function first uses it, so
+// that node came before the function's first node in backward's order, and
+// backward summed the base's gradient in another order (bits apart; found by
+// the fuzzer). Note [Saving a stale view].
+TEST_F(Regressions, AViewModifiedThroughItsBaseKeepsItsPlaceInBackward) {
+  torch::manual_seed(0);
+  auto a = torch::randn({32, 48}, torch::requires_grad());
+  // The sequence numbers of the function's first node and of the view's
+  // node, as the forward made them.
+  std::optional<std::pair<uint64_t, uint64_t>> order;
+  auto inner = [&](const at::Tensor& b, const at::Tensor& v) {
+    const at::Tensor first = b.sin();
+    const at::Tensor h = first * 3 + v.exp().view({32, 48});
+    if (!order) {  // the forward, not the recomputation
+      order.emplace(first.grad_fn()->sequence_nr(), v.grad_fn()->sequence_nr());
+    }
+    return h;
+  };
+  auto step = [&](const at::Tensor& x, bool checkpointed) {
+    auto base = x * 1.5;
+    auto v = base.view({48, 32});
+    base.tanh_();
+    EXPECT_TRUE(sac::detail::grad_fn_is_stale(v));
+    const at::Tensor h = checkpointed ? sac::checkpoint(inner, base, v) : inner(base, v);
+    return ((h * base.cos()).sum() + base.square().sum()) * 7;
+  };
+  auto expect_order = [&](const char* what) {
+    ASSERT_TRUE(order.has_value());
+    EXPECT_LT(order->first, order->second) << what << ": the view's node was made first";
+    order.reset();
+  };
+  const auto expected = run_and_grad([&] { return step(a, false); }, {a}, {});
+  expect_order("plain");
+  expect_bit_identical(
+      expected,
+      run_and_grad(
+          [&] { return sac::checkpoint([&](const at::Tensor& x) { return step(x, true); }, a); },
+          {a}, {}));
+  expect_order("nested");
+  expect_bit_identical(expected, run_and_grad(
+                                     [&] {
+                                       const sac::OffloadGuard offload;
+                                       return step(a, true);
+                                     },
+                                     {a}, {}));
+  expect_order("under an offload guard");
 }
 
 TEST_F(Regressions, OutsideTensorCheckCanBeTurnedOff) {

@@ -5,7 +5,9 @@
 #include <sac/dispatch/internal/carried.h>
 #include <sac/dispatch/internal/interceptor.h>
 
+#include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <atomic>
 #include <mutex>
@@ -163,30 +165,63 @@ SavedTensorHooksGuard::~SavedTensorHooksGuard() {
   }
 }
 
+namespace {
+
+// Hides the thread's hooks (its own and carried) while alive, and shows them
+// again however the scope ends.
+struct HideThreadHooks {
+  SavedTensorHooksBridge* bridge = the_bridge.load();
+  bool was_hidden = false;
+  HideThreadHooks() {
+    if (bridge != nullptr) {
+      bridge->hide();
+    }
+    was_hidden = std::exchange(tls_hidden, true);
+  }
+  ~HideThreadHooks() {
+    if (bridge != nullptr) {
+      bridge->show();
+    }
+    tls_hidden = was_hidden;
+  }
+  HideThreadHooks(const HideThreadHooks&) = delete;
+  HideThreadHooks& operator=(const HideThreadHooks&) = delete;
+};
+
+}  // namespace
+
 torch::autograd::SavedVariable save_kept(const at::Tensor& t) {
-  // The thread's hooks (its own and carried) are hidden while the
-  // SavedVariable is made, and come back however it ends.
-  struct HideThreadHooks {
-    SavedTensorHooksBridge* bridge = the_bridge.load();
-    bool was_hidden = false;
-    HideThreadHooks() {
-      if (bridge != nullptr) {
-        bridge->hide();
-      }
-      was_hidden = std::exchange(tls_hidden, true);
-    }
-    ~HideThreadHooks() {
-      if (bridge != nullptr) {
-        bridge->show();
-      }
-      tls_hidden = was_hidden;
-    }
-  } hide;
+  const HideThreadHooks hide;
   torch::autograd::SavedVariable saved(t, /*is_output=*/false);
   if (TensorStash* stash = current_stash(); stash != nullptr && t.defined()) {
     saved.register_hooks(stash->hooks());
   }
   return saved;
+}
+
+bool grad_fn_is_stale(const at::Tensor& t) {
+  if (!t.defined() || !t.is_view()) {
+    return false;
+  }
+  const auto* view = torch::autograd::impl::get_view_autograd_meta(t);
+  return view != nullptr && view->has_bw_view() && view->get_attr_version() != t._version();
+}
+
+torch::autograd::SavedVariable save_input(const at::Tensor& t) {
+  if (!grad_fn_is_stale(t)) {
+    return torch::autograd::SavedVariable(t, /*is_output=*/false);
+  }
+  // The thread's hooks still pack it once, as they would pack the
+  // SavedVariable (under no grad), so that what they count (an enclosing
+  // region's holders, in its forward and in its recomputation, where the
+  // view is no longer stale) is the same; what they keep is dropped.
+  if (auto hooks =
+          torch::autograd::Engine::get_default_engine().get_default_saved_variable_hooks()) {
+    const at::NoGradGuard no_grad;
+    hooks->call_pack_hook(t);
+  }
+  const HideThreadHooks hide;
+  return torch::autograd::SavedVariable(t, /*is_output=*/false);
 }
 
 }  // namespace sac::detail

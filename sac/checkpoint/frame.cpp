@@ -3,9 +3,9 @@
 #include <sac/base/internal/check.h>
 #include <sac/base/internal/early_stop.h>
 #include <sac/base/internal/storage_key.h>
-#include <sac/base/internal/version_watch.h>
 #include <sac/checkpoint/graph_exec_group.h>
 #include <sac/checkpoint/internal/profiler_scope.h>
+#include <sac/checkpoint/internal/read_watch.h>
 #include <sac/dispatch/internal/interceptor.h>
 
 #include <ATen/core/grad_mode.h>
@@ -26,7 +26,7 @@ struct Holder {
       : packed_version(packed), unpacked_more_than_once(packed.is_view()) {}
   // Autograd checks a saved tensor's version when it is unpacked, but not
   // when hooks hold it: this restores that check (see check_not_modified).
-  VersionWatch packed_version;
+  ReadWatch packed_version;
   // Note [A view saved by an in-place op is unpacked twice]: autograd saves
   // the output of an in-place op on a view (relu_, exp_ on a select) for a
   // node that a double backward runs twice in one pass: as a node of its
@@ -68,8 +68,8 @@ class ForwardHooks final : public torch::autograd::SavedVariableHooks {
   // nested region's argument in place recomputes from the modified value
   // and gives silently wrong gradients.
   void check_not_modified() const {
-    const VersionWatch& version = holder_->packed_version;
-    SAC_CHECKPOINT_CHECK(!version.changed(),
+    const VersionWatch& version = holder_->packed_version.version();
+    SAC_CHECKPOINT_CHECK(!holder_->packed_version.changed(),
                          "one of the variables needed for gradient computation has been "
                          "modified by an inplace operation: a tensor saved inside a "
                          "checkpointed region is at version ",

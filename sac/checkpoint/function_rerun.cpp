@@ -85,9 +85,8 @@ void FunctionRerun::save_inputs(const std::vector<at::Tensor>& inputs) {
   saved_inputs_.reserve(inputs.size());
   input_versions_.reserve(inputs.size());
   for (const auto& input : inputs) {
-    input_versions_.emplace_back(input.defined() ? std::optional<VersionWatch>(input)
-                                                 : std::nullopt);
-    saved_inputs_.emplace_back(input, /*is_output=*/false);
+    input_versions_.emplace_back(input.defined() ? std::optional<ReadWatch>(input) : std::nullopt);
+    saved_inputs_.push_back(save_input(input));  // Note [Saving a stale view]
   }
 }
 
@@ -96,13 +95,14 @@ std::unique_ptr<Recomputation::Pass> FunctionRerun::begin(CheckpointFrame& frame
   std::vector<at::Tensor> inputs;
   inputs.reserve(saved_inputs_.size());
   for (const auto i : c10::irange(saved_inputs_.size())) {
-    const std::optional<VersionWatch>& version = input_versions_[i];
+    const std::optional<ReadWatch>& version = input_versions_[i];
     SAC_CHECKPOINT_CHECK(!(version.has_value() && version->changed()),
                          "sac::checkpoint: tensor argument ", i,
                          " of the checkpointed function cannot be given to its recomputation: "
                          "it was modified by an inplace operation after the checkpoint call "
                          "(version ",
-                         version->version(), " then, ", version->current_version(),
+                         version->version().version(), " then, ",
+                         version->version().current_version(),
                          " now).\nsac::checkpoint keeps its tensor arguments as autograd keeps the "
                          "inputs it saves, so they must not be modified in place between the "
                          "checkpoint call and backward; the checkpointed function modifying "

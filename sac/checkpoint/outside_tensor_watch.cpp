@@ -50,35 +50,47 @@ OutsideTensorWatch::OutsideTensorWatch() {
   dispatch::intercept_ops_matching(&policy::is_cacheable);
 }
 
-void OutsideTensorWatch::note(const at::Tensor& t, bool made_inside) {
+OutsideTensorWatch::~OutsideTensorWatch() {
+  for (const auto& [identity, seen] : seen_) {
+    if (seen.origin == Origin::kOverwritten) {
+      forget_overwritten_by_region(identity);
+    }
+  }
+}
+
+void OutsideTensorWatch::note(const at::Tensor& t, Origin origin) {
   const void* identity = version_counter_identity(t.unsafeGetTensorImpl()->version_counter());
   // Inference tensors have no counter, and cannot be modified in place.
-  if (identity != nullptr && seen_.find(identity) == seen_.end()) {
-    seen_.emplace(identity, Seen{VersionWatch(t), made_inside});
+  if (identity == nullptr || seen_.find(identity) != seen_.end()) {
+    return;
+  }
+  seen_.emplace(identity, Seen{ReadWatch(t), origin});
+  if (origin == Origin::kOverwritten) {
+    note_overwritten_by_region(identity);
   }
 }
 
 bool OutsideTensorWatch::owned_by_region(const void* counter) const {
   const auto it = seen_.find(counter);
-  return it != seen_.end() && it->second.made_inside;
+  return it != seen_.end() && it->second.origin != Origin::kOutside;
 }
 
 void OutsideTensorWatch::Recorder::before_op(const dispatch::ObservedOp& call,
                                              c10::ArrayRef<c10::IValue> args) {
   const c10::OperatorHandle& op = call.op;
-  for_each_read(op, args,
-                [&](size_t, const at::Tensor& t) { watch_.note(t, /*made_inside=*/false); });
+  for_each_read(op, args, [&](size_t, const at::Tensor& t) { watch_.note(t, Origin::kOutside); });
   // Note [Overwritten before read]: a tensor from outside that the region
   // overwrites whole (buf.copy_(a), an out= argument) before any op reads
   // it holds, from then on, what the region wrote: the recomputation writes
   // it again before reading it, and reads what the forward read. It is the
   // region's own, as a tensor the region made is. (Written in part, or
-  // read first, it stays outside and is checked.)
+  // read first, it stays outside and is checked.) Other regions that read
+  // it watch its bytes (Note [Rewritten by a recomputation]).
   for (size_t i = 0; i < args.size(); ++i) {
     if (dispatch::writes_argument(op, i, args) && dispatch::overwrites_argument(op, i)) {
       dispatch::for_each_tensor(args[i], [&](const at::Tensor& t) {
         if (dispatch::spans_storage(t)) {
-          watch_.note(t, /*made_inside=*/true);
+          watch_.note(t, Origin::kOverwritten);
         }
       });
     }
@@ -92,8 +104,7 @@ void OutsideTensorWatch::Recorder::after_op(const dispatch::ObservedOp& call,
     return;  // a view or an in-place op: its output's counter is its input's
   }
   for (const auto& output : outputs) {
-    dispatch::for_each_tensor(output,
-                              [&](const at::Tensor& t) { watch_.note(t, /*made_inside=*/true); });
+    dispatch::for_each_tensor(output, [&](const at::Tensor& t) { watch_.note(t, Origin::kMade); });
   }
 }
 
@@ -103,10 +114,10 @@ void OutsideTensorWatch::Checker::before_op(const dispatch::ObservedOp& call,
   for_each_read(op, args, [&](size_t arg, const at::Tensor& t) {
     const auto it =
         watch_.seen_.find(version_counter_identity(t.unsafeGetTensorImpl()->version_counter()));
-    if (it == watch_.seen_.end() || it->second.made_inside) {
+    if (it == watch_.seen_.end() || it->second.origin != Origin::kOutside) {
       return;
     }
-    const VersionWatch& read = it->second.first_read;
+    const ReadWatch& read = it->second.first_read;
     SAC_CHECKPOINT_CHECK(!read.changed(),
                          "sac::checkpoint: the recomputation reads a tensor that the "
                          "checkpointed region did not make (argument '",
@@ -114,7 +125,7 @@ void OutsideTensorWatch::Checker::before_op(const dispatch::ObservedOp& call,
                          ", shape ", t.sizes(),
                          ": a captured tensor, a module's buffer or parameter, a global), and "
                          "it was modified in place after the forward read it (version ",
-                         read.version(), " when read, ", read.current_version(),
+                         read.version().version(), " when read, ", read.version().current_version(),
                          " now). The recomputation would read the modified value and give "
                          "wrong gradients. Do not modify such a tensor in place inside the "
                          "region after an op used it, nor between forward and backward: modify "

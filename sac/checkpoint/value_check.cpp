@@ -176,6 +176,26 @@ ValueChecksum ValueChecksum::of(const at::Tensor& t) {
   return sum;
 }
 
+ValueChecksum ValueChecksum::of_storage(const c10::Storage& storage) {
+  ValueChecksum sum;
+  const size_t bytes = storage.nbytes();
+  if (storage.device().is_meta() || (bytes > 0 && storage.data() == nullptr)) {
+    return sum;
+  }
+  sum.empty_ = false;
+  if (storage.device().is_cpu() && !with_tensor_ops) {
+    Hasher hasher;
+    hasher.update(static_cast<const char*>(storage.data()), bytes);
+    sum.host_ = hasher.digest();
+    return sum;
+  }
+  const Unseen unseen;
+  at::Tensor all = at::empty({0}, at::TensorOptions().dtype(at::kByte).device(storage.device()));
+  all.set_(storage, /*storage_offset=*/0, {static_cast<int64_t>(bytes)}, {1});
+  sum.device_ = hash_with_ops(all);
+  return sum;
+}
+
 bool ValueChecksum::matches(const ValueChecksum& other) const {
   if (empty_ || other.empty_) {
     return true;

@@ -67,4 +67,22 @@ class SavedTensorHooksGuard {
 // (sac/base/internal/stash.h), as the thread's hooks would for autograd.
 torch::autograd::SavedVariable save_kept(const at::Tensor& t);
 
+// Whether autograd makes `t` a new grad_fn the next time anyone asks for it:
+// a view whose base (or another of its views) was modified in place since
+// its grad_fn was made (c10 contract, "View grad_fn rebuilt on demand").
+bool grad_fn_is_stale(const at::Tensor& t);
+
+// Saves `t` as autograd saves an input (SavedVariable(t, false)), with the
+// thread's hooks (an enclosing region's holders, an offload guard's copies).
+// Note [Saving a stale view]: hooks make the SavedVariable ask for `t`'s
+// grad_fn, and a stale view's is made then, numbered (sequence_nr) by when
+// it is asked for. Without checkpointing it is made where the program first
+// uses the view; made earlier, it sorts otherwise among the nodes ready in
+// backward, which then sums the view's gradients in another order (bits
+// apart, found by the fuzzer). A stale view is saved without hooks: kept as
+// it is, as PyTorch's checkpoint keeps its arguments. The hooks still pack
+// it once (what they keep is dropped): an enclosing region counts the
+// tensors it packs, and in its recomputation the view is no longer stale.
+torch::autograd::SavedVariable save_input(const at::Tensor& t);
+
 }  // namespace sac::detail

@@ -8,9 +8,9 @@
 // (outside_tensor_watch.h).
 #pragma once
 
-#include <sac/base/internal/version_watch.h>
 #include <sac/checkpoint/checkpoint.h>
 #include <sac/checkpoint/internal/outside_tensor_watch.h>
+#include <sac/checkpoint/internal/read_watch.h>
 #include <sac/checkpoint/internal/recomputation.h>
 
 #include <torch/csrc/autograd/saved_variable.h>
@@ -52,7 +52,7 @@ class FunctionRerun final : public Recomputation {
   // Their versions when saved: modified in place since is an error of its
   // own, told apart from what unpacking them raises (an enclosing region's
   // recomputation).
-  std::vector<std::optional<VersionWatch>> input_versions_;
+  std::vector<std::optional<ReadWatch>> input_versions_;
 };
 
 }  // namespace sac::detail

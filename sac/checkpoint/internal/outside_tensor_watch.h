@@ -23,7 +23,7 @@
 // install it.
 #pragma once
 
-#include <sac/base/internal/version_watch.h>
+#include <sac/checkpoint/internal/read_watch.h>
 #include <sac/dispatch/internal/interceptor.h>
 
 #include <unordered_map>
@@ -34,6 +34,9 @@ class OutsideTensorWatch {
  public:
   // Makes sure every op an observer can see is intercepted (per-op kernels).
   OutsideTensorWatch();
+  // Forgets the tensors the forward overwrote (Note [Rewritten by a
+  // recomputation]): nothing can recompute them any more.
+  ~OutsideTensorWatch();
   OutsideTensorWatch(const OutsideTensorWatch&) = delete;
   OutsideTensorWatch& operator=(const OutsideTensorWatch&) = delete;
 
@@ -49,9 +52,14 @@ class OutsideTensorWatch {
   bool owned_by_region(const void* counter) const;
 
  private:
+  enum class Origin {
+    kOutside,      // read first, from outside
+    kMade,         // made by an op of the region
+    kOverwritten,  // from outside, overwritten whole before any op read it
+  };
   struct Seen {
-    VersionWatch first_read;  // keeps the counter, so its identity stays unique
-    bool made_inside;
+    ReadWatch first_read;  // keeps the counter, so its identity stays unique
+    Origin origin;
   };
   class Recorder final : public dispatch::OpObserver {
    public:
@@ -73,7 +81,7 @@ class OutsideTensorWatch {
   };
 
   // Notes `t` the first time its version counter is seen.
-  void note(const at::Tensor& t, bool made_inside);
+  void note(const at::Tensor& t, Origin origin);
 
   std::unordered_map<const void*, Seen> seen_;  // by version counter identity
   Recorder recorder_{*this};

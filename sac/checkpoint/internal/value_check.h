@@ -40,11 +40,16 @@ class ValueChecksum {
   // Of `t`'s values (strided tensors; others give an empty checksum, equal
   // to any: the shape check still applies).
   static ValueChecksum of(const at::Tensor& t);
+  // Of all the bytes of `storage` (whichever tensors view it; none for a
+  // storage without data: meta).
+  static ValueChecksum of_storage(const c10::Storage& storage);
   // Compares now: one synchronization for a checksum on an accelerator.
   bool matches(const ValueChecksum& other) const;
   // Whether comparing it synchronizes (an accelerator's), so that callers
   // compare such checksums together, with first_mismatch.
   bool on_device() const { return device_.defined(); }
+  // Of nothing (a tensor without values): it matches any.
+  bool empty() const { return empty_; }
   // The first pair (forward, recomputed) whose checksums differ, comparing
   // those on accelerators in one synchronization per device.
   static std::optional<size_t> first_mismatch(
