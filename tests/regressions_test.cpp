@@ -409,6 +409,57 @@ TEST_F(Regressions, AViewModifiedThroughItsBaseKeepsItsPlaceInBackward) {
   expect_order("under an offload guard");
 }
 
+// x.sin() * x through a custom Function whose backward differentiates its
+// own graph with torch::autograd::grad: a backward inside a backward.
+struct ReentrantSinTimes : torch::autograd::Function<ReentrantSinTimes> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& a) {
+    const at::AutoGradMode grad(true);
+    const at::Tensor detached = a.detach().requires_grad_();
+    const at::Tensor y = detached.sin() * detached;
+    ctx->saved_data["y"] = y;
+    ctx->saved_data["a"] = detached;
+    return y.detach();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return {torch::autograd::grad({ctx->saved_data["y"].toTensor()},
+                                  {ctx->saved_data["a"].toTensor()}, {grads[0]},
+                                  /*retain_graph=*/true)[0]};
+  }
+};
+
+// A backward inside a selective region's forward (an inner grad that runs
+// through a custom Function whose backward calls torch::autograd::grad)
+// sums a gradient out of place in the forward, where the cache holds the output it sums into, and
+// in place in the recomputation, where the cache had handed it out: an aten::add_ where the forward
+// ran aten::add, so the region's next add was served the forward's other add. Gradients 10^6 off,
+// no error (found by the fuzzer). Note [Served inside a backward].
+TEST_F(Regressions, ABackwardInsideTheRegionSumsAsInItsForward) {
+  torch::manual_seed(0);
+  auto x = torch::randn({6, 5, 3}, torch::requires_grad());
+  const auto buf = torch::randn({6, 5, 3});
+  auto inner_grad = [](const at::Tensor& a, const at::Tensor& b) {
+    return torch::autograd::grad({(a.sin() * b).sum()}, {a}, {}, std::nullopt,
+                                 /*create_graph=*/true)[0];
+  };
+  auto region = [&](const at::Tensor& v, const at::Tensor& x) {
+    const at::Tensor h = buf.sin() * v;
+    const at::Tensor g = inner_grad(x, h);  // through ReentrantSinTimes's backward
+    const at::Tensor gg = inner_grad(g, v);
+    return std::vector<at::Tensor>{h.tanh(), h * gg, gg.sigmoid()};
+  };
+  auto step = [&](bool checkpointed) {
+    const at::Tensor v = ReentrantSinTimes::apply(x).pow(2);
+    const auto outs =
+        checkpointed ? sac::checkpoint(sac::CheckpointOptions().policy(sac::everything_saveable()),
+                                       region, v, x)
+                     : region(v, x);
+    return outs[0].sum() + outs[1].sum() * 2 + outs[2].sum() * 3;
+  };
+  expect_bit_identical(run_and_grad([&] { return step(false); }, {x}, {}),
+                       run_and_grad([&] { return step(true); }, {x}, {}));
+}
+
 TEST_F(Regressions, OutsideTensorCheckCanBeTurnedOff) {
   torch::manual_seed(0);
   auto a = torch::randn({3, 3}, torch::requires_grad());

@@ -12,6 +12,7 @@
 #include <sac/dispatch/internal/placement.h>
 
 #include <ATen/Context.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 
@@ -305,6 +306,7 @@ void CachedMode::on_outermost_enter() {
   if (statistics_ != nullptr) {
     pass_started_ = std::chrono::steady_clock::now();
   }
+  pass_graph_task_ = torch::autograd::get_current_graph_task_id();
   cache_->prefetch();
 }
 
@@ -313,6 +315,7 @@ void CachedMode::on_outermost_exit() {
   // with a policy is backwarded once), so it is freed now rather than with
   // the region.
   cache_->release_untaken();
+  served_to_inner_backward_.clear();
   if (statistics_ == nullptr) {
     return;
   }
@@ -351,7 +354,18 @@ void CachedMode::intercept(const c10::OperatorHandle& op, c10::DispatchKeySet be
   ++pass_.calls_served;
   OpCache::Served served = cache_->take(op, call, allow_cache_entry_mutation_);
   torch::jit::drop(*stack, op.schema().arguments().size());
+  // Note [Served inside a backward]: a backward inside the region (an inner
+  // torch::autograd::grad, a custom Function's backward calling one) sums
+  // gradients in place when nothing else holds them, and out of place when
+  // something does: in the forward the cache held this output, so the
+  // engine ran aten::add, and it must run aten::add again here, or the
+  // region's later calls of add are served the wrong outputs. So the pass
+  // holds what it serves to a backward inside it until it ends.
+  const bool inner_backward = torch::autograd::get_current_graph_task_id() != pass_graph_task_;
   for (auto& output : served.outputs) {
+    if (inner_backward) {
+      served_to_inner_backward_.push_back(output);
+    }
     stack->push_back(std::move(output));
   }
   if (served.generator.has_value()) {

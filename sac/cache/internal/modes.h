@@ -168,6 +168,10 @@ class CachedMode final : public SelectiveMode {
   PointerMap<size_t> next_collective_;  // by dispatch::op_key
   RegionStatistics::Counts pass_;       // this pass's, so far
   std::chrono::steady_clock::time_point pass_started_;
+  // The backward pass this recomputation runs in, and what it served to a
+  // backward inside it, held until it ends (Note [Served inside a backward]).
+  int64_t pass_graph_task_ = -1;
+  std::vector<c10::IValue> served_to_inner_backward_;
 };
 
 // The cache a pair of modes shares: what the lab and the tests read.
