@@ -3,6 +3,7 @@
 #include <sac/base/internal/check.h>
 #include <sac/checkpoint/internal/forward_scope.h>
 #include <sac/checkpoint/internal/frame_setup.h>
+#include <sac/checkpoint/internal/read_watch.h>
 #include <sac/checkpoint/scope.h>
 #include <sac/dispatch/internal/interceptor.h>
 #include <sac/record/internal/recorder.h>
@@ -13,6 +14,7 @@
 
 #include <exception>
 #include <optional>
+#include <unordered_map>
 
 namespace sac {
 namespace detail {
@@ -26,7 +28,13 @@ class RegionReplay final : public Recomputation {
 
   // The region began; `region_interceptor` is its interceptor (or null).
   dispatch::OpObserver* start_recording(const dispatch::OpInterceptor* region_interceptor) {
-    recorder_.emplace(recording_, region_interceptor, [](const at::Tensor& t) {
+    recorder_.emplace(recording_, region_interceptor, [this](const at::Tensor& t) {
+      // A tensor an enclosing region overwrites is watched by its bytes too
+      // (Note [Rewritten by a recomputation]); the recorder appends the
+      // outside tensor it saves next.
+      if (ReadWatch watch(t); watch.watches_bytes()) {
+        rewritten_.emplace(recording_.outside.size(), Rewritten{std::move(watch), t});
+      }
       // The recorder hands over a tensor without a graph (a tensor that a
       // backward inside the region made would keep the region's graph, and
       // so this frame, alive), on the tensor's version counter. Not through
@@ -49,8 +57,11 @@ class RegionReplay final : public Recomputation {
     // watch a copy, and a view read on outside memory is kept as part of
     // its whole storage.
     for (const record::OutsideRead& read : recording_.outside_reads) {
+      const auto rewritten = rewritten_.find(read.outside);
       SAC_CHECKPOINT_CHECK(recording_.outside[read.outside].snapshot.has_value() ||
-                               recording_.outside[read.outside].fresh || !read.version.changed(),
+                               recording_.outside[read.outside].fresh || !read.version.changed() ||
+                               (rewritten != rewritten_.end() &&
+                                !rewritten->second.watch.changed()),
                            "sac::CheckpointRegion: a tensor the region read but did not make "
                            "(shape ",
                            c10::IntArrayRef(read.sizes),
@@ -67,6 +78,10 @@ class RegionReplay final : public Recomputation {
     for (size_t i = 0; i < recording_.outside.size(); ++i) {
       const record::Outside& kept = recording_.outside[i];
       if (kept.snapshot.has_value() || kept.fresh) {
+        continue;
+      }
+      if (const auto rewritten = rewritten_.find(i); rewritten != rewritten_.end()) {
+        outside[i] = rewritten->second.tensor;  // its bytes were checked above
         continue;
       }
       try {
@@ -89,6 +104,7 @@ class RegionReplay final : public Recomputation {
   void release() override {
     recorder_.reset();
     recording_.clear();
+    rewritten_.clear();
   }
 
  private:
@@ -131,6 +147,14 @@ class RegionReplay final : public Recomputation {
   };
 
   record::Recording recording_;
+  // Outside tensors an enclosing region overwrites, by index in the
+  // recording: kept as they are (alive as the region's buffers are), and
+  // given to the replay while their bytes are the ones read.
+  struct Rewritten {
+    ReadWatch watch;
+    at::Tensor tensor;
+  };
+  std::unordered_map<size_t, Rewritten> rewritten_;
   std::optional<record::Recorder> recorder_;
   std::shared_ptr<RegionStatistics> statistics_;
 };

@@ -44,6 +44,8 @@ class ReadWatch {
   bool changed() const;
   const VersionWatch& version() const { return version_; }
   const void* identity() const { return version_.identity(); }
+  // Whether it watches the bytes too (a tensor a region overwrites).
+  bool watches_bytes() const { return bytes_.has_value(); }
   // Watches from the counter's current version (and the storage's current
   // bytes) on.
   void rebase();
