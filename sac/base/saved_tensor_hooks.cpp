@@ -22,7 +22,7 @@ namespace {
 thread_local std::vector<SavedTensorHooksFactory> tls_hooks;
 std::atomic<SavedTensorHooksBridge*> the_bridge{nullptr};
 std::atomic<bool> engine_installed{false};
-// Set while save_kept saves without the thread's hooks.
+// Set while save_unhooked saves without the thread's hooks.
 thread_local bool tls_hidden = false;
 
 // The innermost hooks of a thread that called backward, for the threads that
@@ -190,7 +190,7 @@ struct HideThreadHooks {
 
 }  // namespace
 
-torch::autograd::SavedVariable save_kept(const at::Tensor& t) {
+torch::autograd::SavedVariable save_unhooked(const at::Tensor& t) {
   const HideThreadHooks hide;
   torch::autograd::SavedVariable saved(t, /*is_output=*/false);
   if (TensorStash* stash = current_stash(); stash != nullptr && t.defined()) {

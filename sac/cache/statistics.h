@@ -32,7 +32,7 @@ class RegionStatistics {
     // of them at the end of the forward (tags and in-place changes included):
     // seen = saved + offloaded + recomputed.
     size_t calls_seen = 0;
-    size_t calls_saved = 0;       // outputs kept on their device
+    size_t calls_saved = 0;       // outputs saved (on their device)
     size_t calls_offloaded = 0;   // outputs copied to the offload target
     size_t calls_recomputed = 0;  // left to the recomputation
     // Of the recomputed: answered save or offload, but an output was modified
@@ -41,7 +41,7 @@ class RegionStatistics {
     size_t tags = 0;  // sac::tag calls (sac/policy/tag.h)
     // Bytes of the storages the seen calls' outputs hold (each storage counted
     // once; for a region whose ops make their outputs, as sac::profile counts
-    // them), split as: kept on the device after the forward (before a
+    // them), split as: saved on the device after the forward (before a
     // sac::OffloadGuard stashes them), moved to the offload target, or left
     // for the recomputation to make again.
     int64_t bytes_saved = 0;

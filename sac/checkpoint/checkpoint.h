@@ -132,12 +132,12 @@ RecomputeFn make_recompute(Fn fn, const Args&... args) {
   return [fn = std::move(fn), stashed = std::make_tuple(ArgCodec<Args>::stash(args)...)](
              const std::vector<at::Tensor>& inputs) mutable {
     std::apply(
-        [&](const auto&... kept) {
+        [&](const auto&... captured) {
           size_t next = 0;
           // Braced initialization evaluates left to right, as the inputs
           // were collected.
-          std::tuple<decltype(ArgCodec<Args>::restore(kept, inputs, next))...> restored{
-              ArgCodec<Args>::restore(kept, inputs, next)...};
+          std::tuple<decltype(ArgCodec<Args>::restore(captured, inputs, next))...> restored{
+              ArgCodec<Args>::restore(captured, inputs, next)...};
           std::apply(fn, restored);
         },
         stashed);

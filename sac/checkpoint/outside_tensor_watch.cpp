@@ -75,8 +75,8 @@ bool OutsideTensorWatch::owned_by_region(const void* counter) const {
   return it != seen_.end() && it->second.origin != Origin::kOutside;
 }
 
-void OutsideTensorWatch::Recorder::before_op(const dispatch::ObservedOp& call,
-                                             c10::ArrayRef<c10::IValue> args) {
+void OutsideTensorWatch::Noter::before_op(const dispatch::ObservedOp& call,
+                                          c10::ArrayRef<c10::IValue> args) {
   const c10::OperatorHandle& op = call.op;
   for_each_read(op, args, [&](size_t, const at::Tensor& t) { watch_.note(t, Origin::kOutside); });
   // Note [Overwritten before read]: a tensor from outside that the region
@@ -97,8 +97,8 @@ void OutsideTensorWatch::Recorder::before_op(const dispatch::ObservedOp& call,
   }
 }
 
-void OutsideTensorWatch::Recorder::after_op(const dispatch::ObservedOp& call,
-                                            c10::ArrayRef<c10::IValue> outputs) {
+void OutsideTensorWatch::Noter::after_op(const dispatch::ObservedOp& call,
+                                         c10::ArrayRef<c10::IValue> outputs) {
   const c10::OperatorHandle& op = call.op;
   if (!makes_new_tensors(op)) {
     return;  // a view or an in-place op: its output's counter is its input's

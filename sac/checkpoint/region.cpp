@@ -40,7 +40,7 @@ class RegionReplay final : public Recomputation {
       // so this frame, alive), on the tensor's version counter. Not through
       // an enclosing region's hooks: that region's recomputation would not
       // save what a backward inside this region made in its forward.
-      return save_kept(t);
+      return save_unhooked(t);
     });
     return &*recorder_;
   }

@@ -5,11 +5,11 @@
 //   auto policy = sac::budgeted_policy(p, sac::Budget::fraction(0.3));
 //   auto y = sac::checkpoint(sac::CheckpointOptions().policy(policy), fn, x);
 //
-// The choice is a 0/1 knapsack over the profile's keepable calls (bytes kept
+// The choice is a 0/1 knapsack over the profile's keepable calls (bytes saved
 // against time recomputed), solved exactly (Note [The knapsack]). The policy
 // answers MustSave for the chosen calls by (op, call index) and
 // PreferRecompute otherwise, so it replays a region that runs the same ops
-// as the profiled one: the bytes it keeps after the forward are the chosen
+// as the profiled one: the bytes it saves after the forward are the chosen
 // calls' bytes, which never exceed the budget.
 //
 // Not checkpointing can be a choice too, per region (`unchecked_regions`):
@@ -73,14 +73,15 @@ struct OffloadCost {
 double measure_offload_bandwidth(c10::Device device, int64_t bytes = int64_t{64} << 20);
 
 // A call a region's policy saves: call `call` of `op`, and the bytes saving
-// it keeps (calls that share a storage count it once, at one of them): what
-// sac::StepPhases::predict_peak (sac/lab/peak.h) adds to a step.
+// it holds on the device (calls that share a storage count it once, at one
+// of them): what sac::StepPhases::predict_peak (sac/lab/peak.h) adds to a
+// step.
 struct SavedCall {
   c10::OperatorHandle op;
   size_t call = 0;
   int64_t bytes = 0;
   // Saved, then modified in place later in the forward: the cache holds its
-  // storage until the forward ends and then drops it (a demotion); it keeps
+  // storage until the forward ends and then drops it (a demotion); it holds
   // no bytes for the recomputation. explain() reports these; budgeted
   // plans never keep such calls.
   bool demoted = false;

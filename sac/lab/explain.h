@@ -7,7 +7,7 @@
 // Runs the region once under the policy's caching mode (a forward that keeps
 // autograd's own saved tensors, so nothing needs a backward), profiled as
 // sac::profile does (times from that one run), and reports for every call the policy's answer and
-// what came of it: kept on the device, offloaded, or recomputed (also when a tag or an in-place
+// what came of it: saved on the device, offloaded, or recomputed (also when a tag or an in-place
 // change overrode the answer).
 #pragma once
 

@@ -483,7 +483,7 @@ MemoryProbe device_memory_probe(c10::Device device) {
 }
 
 StepPhases measure_step_phases(const MemoryProbe& probe, const std::function<void()>& step) {
-  return StepPhases(std::make_shared<const lab::StepTrace>(lab::record_step(probe, step)));
+  return StepPhases(std::make_shared<const lab::StepTrace>(lab::trace_step(probe, step)));
 }
 
 }  // namespace sac

@@ -8,7 +8,7 @@
 // of it this is (the `ctx.call` a policy is told), the bytes of the new
 // storage its outputs hold, its time, and what it is. The cacheable calls
 // (Note [Cacheable ops]) are the choices of a policy; their bytes are what
-// saving them keeps, exactly.
+// saving them holds on the device, exactly.
 //
 // Under the fallback-key mechanism every op is seen; under per-op kernels,
 // the cacheable ops only (views and in-place ops are not intercepted there;
@@ -38,7 +38,7 @@ struct OpCallProfile {
   // Which call of `op` in the region it is, from 0.
   size_t call = 0;
   // Bytes of the storages among its outputs that no input and no earlier
-  // call held (each storage counted once): what saving the call keeps.
+  // call held (each storage counted once): what saving the call holds on the device.
   int64_t output_bytes = 0;
   // Wall time of the call, in seconds (on CPU, its compute).
   double seconds = 0;
@@ -48,7 +48,7 @@ struct OpCallProfile {
   bool collective = false;  // a c10d collective
   bool cacheable = false;   // a policy is asked about it
   // The region returns a tensor on its outputs' new storage (see
-  // profile()): saving the call keeps nothing of that storage the caller
+  // profile()): saving the call holds nothing of that storage the caller
   // does not hold, and output_bytes leave it out.
   bool returned = false;
   // Where its first tensor output lives: an accelerator's outputs can be
@@ -56,11 +56,11 @@ struct OpCallProfile {
   c10::Device device = c10::kCPU;
   // An output was modified in place later in the region (LibTorch's
   // nn::Linear adds its bias in place on 3-D input): sac would demote the
-  // call to recomputation, so saving it keeps nothing.
+  // call to recomputation, so saving it holds nothing on the device.
   bool modified_later = false;
   // Earlier calls (indices in RegionProfile::calls()) whose new storage this
   // cacheable call's outputs hold too, as aten::_unsafe_view holds a
-  // matmul's result: saving either keeps those bytes, which are counted once,
+  // matmul's result: saving either holds those bytes, which are counted once,
   // at the call that made them. A budgeted plan saves such calls together.
   std::vector<size_t> shares_storage_with;
 

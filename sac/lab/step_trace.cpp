@@ -28,23 +28,23 @@ namespace {
 // under DebugInfoKind::PROFILER_STATE, and nowhere else; that slot is also
 // where the profilers (torch.profiler, the legacy and RECORD_FUNCTION ones)
 // keep their state, and their callbacks read whatever it holds *as* a
-// profiler's state. So the recorder sits in the slot as a profiler that is
+// profiler's state. So the tracer sits in the slot as a profiler that is
 // disabled (torch::profiler::impl::ProfilerStateBase, ProfilerState::Disabled):
 // a profiler started inside the step finds a valid state there and refuses
 // to start ("Profiler is already enabled on this thread", kineto's and the
 // legacy one's alike; sac adds what it means), and should one stack its
-// state above the recorder's instead, the recorder sees that at the next op
+// state above the tracer's instead, the tracer sees that at the next op
 // and refuses the step. A profiler running when the step begins is refused
-// at once: its callbacks would read the recorder as their own state (before
-// this note, a mutex in the recorder's memory, and an abort).
+// at once: its callbacks would read the tracer as their own state (before
+// this note, a mutex in the tracer's memory, and an abort).
 
 // Hears the step: c10's memory reports (allocations and frees, from any
 // thread), this thread's region events and op calls.
-class Recorder final : public torch::profiler::impl::ProfilerStateBase,
-                       public detail::RegionEvents,
-                       public dispatch::OpObserver {
+class Tracer final : public torch::profiler::impl::ProfilerStateBase,
+                     public detail::RegionEvents,
+                     public dispatch::OpObserver {
  public:
-  explicit Recorder(c10::Device device)
+  explicit Tracer(c10::Device device)
       : ProfilerStateBase(
             torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::Disabled)),
         device_(device) {}
@@ -271,7 +271,7 @@ std::vector<int64_t> StepTrace::live() const {
   return live;
 }
 
-StepTrace record_step(const MemoryProbe& probe, const std::function<void()>& step) {
+StepTrace trace_step(const MemoryProbe& probe, const std::function<void()>& step) {
   TORCH_CHECK(probe.live && probe.peak && probe.reset_peak,
               "sac::measure_step_phases: the probe needs live, peak and reset_peak.");
   // c10's memory reporting is thread-local: the scratch buffers that CPU
@@ -296,13 +296,13 @@ StepTrace record_step(const MemoryProbe& probe, const std::function<void()>& ste
               "and sac's recording needs that slot for the step (Note [The step's memory "
               "shares the profiler's slot], sac/lab/step_trace.cpp). Stop the profiler while "
               "measuring, and profile another step.");
-  auto recorder = std::make_shared<Recorder>(probe.device);
+  auto tracer = std::make_shared<Tracer>(probe.device);
   const int64_t base = probe.live();
   probe.reset_peak();
   {
-    c10::DebugInfoGuard reporting(c10::DebugInfoKind::PROFILER_STATE, recorder);
-    detail::RegionEventsGuard listening(recorder.get());
-    dispatch::ObserverGuard observing(recorder.get());
+    c10::DebugInfoGuard reporting(c10::DebugInfoKind::PROFILER_STATE, tracer);
+    detail::RegionEventsGuard listening(tracer.get());
+    dispatch::ObserverGuard observing(tracer.get());
     try {
       step();
     } catch (c10::Error& e) {
@@ -315,10 +315,10 @@ StepTrace record_step(const MemoryProbe& probe, const std::function<void()>& ste
       }
       throw;
     }
-    recorder->check_slot();
+    tracer->check_slot();
   }
   const int64_t measured = probe.peak() - base;
-  StepTrace trace = recorder->finish();
+  StepTrace trace = tracer->finish();
   trace.rng_state_bytes = rng_state_bytes;
   trace.on_cpu = probe.device.type() == c10::kCPU;
   int64_t peak = 0;

@@ -1,8 +1,8 @@
 // Policies made of other policies.
 //
 // One rule combines answers (any_of, all_of):
-//   * any_of takes the answer that keeps the most on the device (save, then
-//     offload, then recompute), all_of the one that keeps the least: any_of
+//   * any_of takes the answer that leaves the most on the device (save, then
+//     offload, then recompute), all_of the one that leaves the least: any_of
 //     keeps a call if any policy keeps it, all_of only if all of them do;
 //   * between answers that keep alike, a Must answer beats a Prefer one;
 //   * a tie goes to the earlier policy.

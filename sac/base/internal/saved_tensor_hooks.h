@@ -62,10 +62,11 @@ class SavedTensorHooksGuard {
 };
 
 // Saves `t` as autograd saves an input (SavedVariable(t, false)), without the
-// thread's hooks: what is saved is kept, not handed to a region's holders.
-// Kept where the thread keeps such tensors: in its stash if it has one
+// thread's hooks: what is saved stays with autograd, not handed to a
+// region's holders. Kept where the thread keeps such tensors: in its stash
+// if it has one
 // (sac/base/internal/stash.h), as the thread's hooks would for autograd.
-torch::autograd::SavedVariable save_kept(const at::Tensor& t);
+torch::autograd::SavedVariable save_unhooked(const at::Tensor& t);
 
 // Whether autograd makes `t` a new grad_fn the next time anyone asks for it:
 // a view whose base (or another of its views) was modified in place since

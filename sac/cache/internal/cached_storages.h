@@ -2,7 +2,7 @@
 // many cached tensors share it.
 //
 // Per storage: how many of the cache's slots are on it, how many of those
-// keep its memory on the device (the cache's bytes), and every version
+// hold its memory on the device (the cache's bytes), and every version
 // counter known on it. Tensors on one storage can have counters of their
 // own (aten::_unsafe_view returns one), so a change through any of them
 // changes what every cached tensor on it reads. A storage whose memory has
@@ -28,14 +28,14 @@ namespace sac {
 
 class CachedStorages {
  public:
-  // A slot on `t`'s storage that keeps it on the device: counts its bytes
+  // A slot on `t`'s storage that holds it on the device: counts its bytes
   // the first time and watches `t`'s counter. Returns the storage's key,
   // null for a tensor without storage (nothing counted).
   const c10::StorageImpl* hold(const at::Tensor& t);
-  // A slot on `storage` no longer keeps it on the device (stashed,
+  // A slot on `storage` no longer holds it on the device (stashed,
   // offloaded or served); the bytes go when no slot does.
   void unhold(const c10::StorageImpl* storage);
-  // A slot on `storage` is gone (with `held`, one that kept it on the
+  // A slot on `storage` is gone (with `held`, one that held it on the
   // device); the storage is forgotten with its last slot.
   void release(const c10::StorageImpl* storage, bool held);
 
@@ -52,9 +52,9 @@ class CachedStorages {
   void note_write(const at::Tensor& t, const c10::OperatorName* op);
   std::optional<c10::OperatorName> writer(const c10::StorageImpl* storage) const;
 
-  // Bytes of the storages some slot keeps on the device.
+  // Bytes of the storages some slot holds on the device.
   size_t bytes() const { return bytes_; }
-  // Bytes of the storages no slot keeps on the device (all offloaded or
+  // Bytes of the storages no slot holds on the device (all offloaded or
   // stashed).
   int64_t bytes_off_device() const;
   bool empty() const { return storages_.empty(); }
@@ -63,10 +63,10 @@ class CachedStorages {
  private:
   struct Info {
     size_t slots = 0;                           // slots on it
-    size_t held = 0;                            // of which keep it on the device
+    size_t held = 0;                            // of which hold it on the device
     size_t nbytes = 0;                          // its size when first held
     c10::SmallVector<VersionWatch, 1> watches;  // one per counter known on it (inline: usually one)
-    // Taken when no slot keeps it on the device any more: until then a held
+    // Taken when no slot holds it on the device any more: until then a held
     // tensor keeps it alive.
     std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> pin;
     const c10::OperatorName* writer = nullptr;  // the dispatcher's, of a registered op
@@ -75,7 +75,7 @@ class CachedStorages {
   static bool knows(const Info& info, const void* counter);
   // Watches `t`'s counter on `info`'s storage, unless known.
   static void add_watch(Info& info, const at::Tensor& t);
-  // Pins `storage` (alive now) once no slot keeps it on the device.
+  // Pins `storage` (alive now) once no slot holds it on the device.
   static void pin(Info& info, const c10::StorageImpl* storage);
 
   PointerMap<Info> storages_;

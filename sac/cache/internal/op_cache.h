@@ -211,7 +211,7 @@ class OpCache {
     size_t saved_calls = 0;      // every output still on its device
     size_t offloaded_calls = 0;  // saved, an output offloaded
     size_t recompute_calls = 0;
-    // Device bytes of the offloaded outputs' storages that no kept output
+    // Device bytes of the offloaded outputs' storages that no saved output
     // holds (each counted once).
     int64_t offloaded_bytes = 0;
   };

@@ -24,7 +24,7 @@ namespace sac {
 struct Slot {
   explicit Slot(const at::Tensor& t) : version(t) {}
 
-  // Keeps `t` on its device.
+  // Holds `t` on its device.
   void hold(const at::Tensor& t, CachedStorages& storages);
   // Moves the held tensor into `target`, whose copy the slot keeps.
   void offload(CopyTarget& target, CachedStorages& storages);

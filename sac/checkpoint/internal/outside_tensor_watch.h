@@ -41,7 +41,7 @@ class OutsideTensorWatch {
   OutsideTensorWatch& operator=(const OutsideTensorWatch&) = delete;
 
   // Add this on the thread for the region's forward: it notes reads.
-  dispatch::OpObserver* forward_observer() { return &recorder_; }
+  dispatch::OpObserver* forward_observer() { return &noter_; }
   // Add this on the thread for each recomputation: it checks reads. (A
   // backward inside the region's forward can recompute while the forward
   // still records: two observers, not one with a mode.)
@@ -61,9 +61,9 @@ class OutsideTensorWatch {
     ReadWatch first_read;  // keeps the counter, so its identity stays unique
     Origin origin;
   };
-  class Recorder final : public dispatch::OpObserver {
+  class Noter final : public dispatch::OpObserver {
    public:
-    explicit Recorder(OutsideTensorWatch& watch) : watch_(watch) {}
+    explicit Noter(OutsideTensorWatch& watch) : watch_(watch) {}
     void before_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> args) override;
     void after_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> outputs) override;
 
@@ -84,7 +84,7 @@ class OutsideTensorWatch {
   void note(const at::Tensor& t, Origin origin);
 
   std::unordered_map<const void*, Seen> seen_;  // by version counter identity
-  Recorder recorder_{*this};
+  Noter noter_{*this};
   Checker checker_{*this};
 };
 

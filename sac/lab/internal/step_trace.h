@@ -1,7 +1,7 @@
 // A training step's allocations, event by event, placed among its regions'
 // op calls: what sac/lab/peak.h predicts a plan's peak from.
 //
-// Recorded with c10's memory reporting (c10::reportMemoryUsageToProfiler,
+// Traced with c10's memory reporting (c10::reportMemoryUsageToProfiler,
 // what PyTorch's memory profiler listens to): every allocation and free of
 // an allocator that reports, in the order they happen. The op calls of each
 // region's forward and recomputation are placed between them (positions:
@@ -73,8 +73,8 @@ struct StepTrace {
   std::vector<int64_t> live() const;
 };
 
-// Runs `step` and records it; the probe's own peak must agree with the
-// recorded events (else the allocator does not report them all: an error).
-StepTrace record_step(const MemoryProbe& probe, const std::function<void()>& step);
+// Runs `step` and traces it; the probe's own peak must agree with the
+// traced events (else the allocator does not report them all: an error).
+StepTrace trace_step(const MemoryProbe& probe, const std::function<void()>& step);
 
 }  // namespace sac::lab
