@@ -145,7 +145,7 @@ struct Point {
 
 Point budget_point(const std::string& label, const std::string& kind,
                    const std::vector<sac::RegionProfile>& profiles, sac::Budget budget) {
-  const sac::BudgetedPlan plan = sac::budgeted_plan(profiles, budget);
+  const sac::BudgetedPlan plan = sac::budgeted_plan(profiles, budget, std::nullopt, false);
   if (!plan.exact) {
     std::printf("note: %s: the solver stopped at its node limit; the plan is within %.3f ms of "
                 "the best\n",
@@ -357,8 +357,8 @@ void plan_for_peaks(const sac::StepPhases& phases, const std::vector<sac::Region
   std::ofstream out(csv);
   out << "budget,predicted_peak,measured_peak,recompute_ms,gap_ms\n";
   const int64_t low = phases.peak();
-  const int64_t high =
-      phases.predict_peak(sac::budgeted_plan(profiles, sac::Budget::fraction(1.0)));
+  const int64_t high = phases.predict_peak(
+      sac::budgeted_plan(profiles, sac::Budget::fraction(1.0), std::nullopt, false));
   std::printf("\nplans for a peak budget (sac::StepPhases::plan_for_peak):\n%14s %14s %14s "
               "%16s %14s %10s\n",
               "budget MiB", "predicted MiB", "measured MiB", "recompute ms", "gap ms", "solve ms");

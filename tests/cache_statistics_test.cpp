@@ -61,7 +61,8 @@ TEST_F(Statistics, EqualCountedBytesAndExplainedCalls) {
   const int64_t none = run(sac::CheckpointOptions().policy(sac::nothing_saveable()));
   for (const auto& policy :
        {sac::everything_saveable(), sac::nothing_saveable(), sac::compute_intensive_ops(),
-        sac::dots_saveable(), sac::budgeted_policy(profile, sac::Budget::fraction(0.4))}) {
+        sac::dots_saveable(),
+        sac::budgeted_policy(profile, sac::Budget::fraction(0.4), std::nullopt, false)}) {
     SCOPED_TRACE(policy.describe());
     // The calls the policy decides about, as profiled.
     int64_t decided_bytes = 0;

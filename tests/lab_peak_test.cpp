@@ -14,6 +14,7 @@
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <iostream>
@@ -134,7 +135,8 @@ TEST_F(Peak, PredictedPeakIsTheMeasuredPeak) {
   std::vector<int64_t> peaks;
   for (int percent = 0; percent <= 100; percent += 10) {
     SCOPED_TRACE(percent);
-    const auto plan = sac::budgeted_plan(profiles, sac::Budget::fraction(percent / 100.0));
+    const auto plan =
+        sac::budgeted_plan(profiles, sac::Budget::fraction(percent / 100.0), std::nullopt, false);
     const int64_t predicted = phases.predict_peak(plan);
     EXPECT_EQ(predicted, model.measured_peak(plan.policies));
     peaks.push_back(predicted);
@@ -151,7 +153,8 @@ TEST_F(Peak, PlansForAPeakBudgetFitIt) {
   const sac::StepPhases phases = measure_full_recomputation(model);
   const auto profiles = model.profiles();
   const int64_t low = phases.peak();
-  const int64_t high = phases.predict_peak(sac::budgeted_plan(profiles, sac::Budget::fraction(1)));
+  const int64_t high = phases.predict_peak(
+      sac::budgeted_plan(profiles, sac::Budget::fraction(1), std::nullopt, false));
   double last_recompute = std::numeric_limits<double>::infinity();
   size_t exact = 0;
   for (int i = 0; i <= 8; ++i) {
@@ -171,6 +174,74 @@ TEST_F(Peak, PlansForAPeakBudgetFitIt) {
   }
   const std::string message = sac_test::error_of([&] { phases.plan_for_peak(profiles, low - 1); });
   EXPECT_NE(message.find("no plan of what to keep fits"), std::string::npos) << message;
+}
+
+// Not checkpointing is a plan too (Note [The plain step]): measure_step_phases
+// runs the step once more with every region plain, and the counting
+// allocator's peak of that run is what a step without checkpointing peaks
+// at. A peak budget it fits gets the plan that checkpoints nothing, which
+// recomputes nothing; under it, every plan that fits peaks lower than the
+// plain step. A step that leaves its gradients behind is not run twice
+// alike, so its plain peak is not measured, and says why.
+TEST_F(Peak, APeakBudgetThePlainStepFitsRecomputesNothing) {
+  Model model;
+  const std::vector<sac::Policy> nothing(4, sac::nothing_saveable());
+  model.step(nothing);  // warm-up: one-time allocations
+  model.zero_grad();
+  const sac::StepPhases leaves =
+      sac::measure_step_phases(counting_probe(), [&] { model.step(nothing); });
+  EXPECT_FALSE(leaves.plain_peak().has_value());
+  EXPECT_NE(leaves.why_no_plain_peak().find("more live than it found"), std::string::npos)
+      << leaves.why_no_plain_peak();
+  model.zero_grad();
+  const sac::StepPhases phases = sac::measure_step_phases(counting_probe(), [&] {
+    model.step(nothing);
+    model.zero_grad();
+  });
+  ASSERT_TRUE(phases.plain_peak().has_value()) << phases.why_no_plain_peak();
+  const int64_t plain = *phases.plain_peak();
+  const auto profiles = model.profiles();
+  const int64_t low = phases.peak();
+  const int64_t high = phases.predict_peak(
+      sac::budgeted_plan(profiles, sac::Budget::fraction(1), std::nullopt, false));
+  // Full recomputation peaks lower than the plain step, which peaks lower
+  // than keeping every call: the budgets between are the ones in question.
+  std::cout << "peaks: full recomputation " << low << ", plain " << plain << ", every call kept "
+            << high << " bytes\n";
+  ASSERT_LT(low, plain);
+  ASSERT_LT(plain, high);
+  std::vector<int64_t> budgets;
+  for (int i = 0; i <= 8; ++i) {
+    budgets.push_back(low + (high - low) * i / 8);
+  }
+  budgets.push_back(plain - 1);
+  budgets.push_back(plain);
+  for (const int64_t budget : budgets) {
+    SCOPED_TRACE(budget);
+    const sac::PeakPlan plan = phases.plan_for_peak(profiles, budget);
+    const int64_t measured = model.measured_peak(plan.plan.policies);
+    EXPECT_EQ(measured, plan.predicted_peak);
+    EXPECT_LE(measured, budget);
+    const bool checkpoints_any =
+        std::count(plan.plan.checkpointed.begin(), plan.plan.checkpointed.end(), true) > 0;
+    if (budget >= plain) {
+      EXPECT_FALSE(checkpoints_any);
+      EXPECT_EQ(plan.plan.recompute_seconds, 0);
+      EXPECT_EQ(plan.predicted_peak, plain);
+      EXPECT_TRUE(plan.exact);
+    } else {
+      EXPECT_TRUE(checkpoints_any);
+      EXPECT_LT(measured, plain);
+    }
+  }
+  // The plan that checkpoints nothing is predicted by the plain peak; a mix
+  // of unchecked and checkpointed regions is refused.
+  const sac::PeakPlan unchecked = phases.plan_for_peak(profiles, plain);
+  EXPECT_EQ(phases.predict_peak(unchecked.plan), plain);
+  sac::BudgetedPlan mixed = unchecked.plan;
+  mixed.checkpointed[0] = true;
+  const std::string message = sac_test::error_of([&] { phases.predict_peak(mixed); });
+  EXPECT_NE(message.find("a mix is not predicted yet"), std::string::npos) << message;
 }
 
 // Offload as a choice of the peak plan, through the profile's seam: the
@@ -245,8 +316,8 @@ void follow_changing_lengths(Model& model, const std::function<int64_t()>& budge
 int64_t mid_budget(Model& model) {
   model.set_length(48);
   const sac::StepPhases longest = measure_full_recomputation(model);
-  const int64_t everything =
-      longest.predict_peak(sac::budgeted_plan(model.profiles(), sac::Budget::fraction(1)));
+  const int64_t everything = longest.predict_peak(
+      sac::budgeted_plan(model.profiles(), sac::Budget::fraction(1), std::nullopt, false));
   return (longest.peak() + everything) / 2;
 }
 
@@ -327,7 +398,8 @@ TEST_F(Peak, APlanForOtherRegionsIsAClearError) {
   Model model;
   const sac::StepPhases phases = measure_full_recomputation(model);
   const auto profiles = model.profiles();
-  const auto plan = sac::budgeted_plan({profiles[0], profiles[1]}, sac::Budget::fraction(0.5));
+  const auto plan = sac::budgeted_plan({profiles[0], profiles[1]}, sac::Budget::fraction(0.5),
+                                       std::nullopt, false);
   const std::string message = sac_test::error_of([&] { phases.predict_peak(plan); });
   EXPECT_NE(message.find("ran 4 regions, but the plan has 2 policies"), std::string::npos)
       << message;

@@ -206,7 +206,7 @@ TEST_F(Lab, BudgetedPolicyKeepsWhatItPredictsWithinItsBudget) {
   const Outcome none = run(block, x, sac::nothing_saveable());
   for (const double fraction : {0.0, 0.1, 0.25, 0.5, 0.75, 1.0}) {
     SCOPED_TRACE(fraction);
-    const auto plan = sac::budgeted_plan({p}, sac::Budget::fraction(fraction));
+    const auto plan = sac::budgeted_plan({p}, sac::Budget::fraction(fraction), std::nullopt, false);
     EXPECT_TRUE(plan.exact);
     EXPECT_LE(plan.saved_bytes, plan.budget_bytes);
     const Outcome out = run(block, x, plan.policies[0]);
@@ -253,7 +253,7 @@ TEST_F(Lab, CallsSharingAStorageAreSavedTogether) {
   const int64_t none = kept_by(sac::nothing_saveable(), &grads);
   for (const double fraction : {0.0, 0.2, 0.4, 0.6, 0.8, 1.0}) {
     SCOPED_TRACE(fraction);
-    const auto plan = sac::budgeted_plan({p}, sac::Budget::fraction(fraction));
+    const auto plan = sac::budgeted_plan({p}, sac::Budget::fraction(fraction), std::nullopt, false);
     EXPECT_LE(plan.saved_bytes, plan.budget_bytes);
     EXPECT_EQ(kept_by(plan.policies[0], &grads) - none, plan.saved_bytes);
     expect_bit_identical(expected, grads);
@@ -299,7 +299,7 @@ TEST_F(Lab, WhatTheRegionReturnsIsTheCallers) {
   const int64_t none = kept_by(sac::nothing_saveable(), &grads);
   for (const double fraction : {0.5, 1.0}) {
     SCOPED_TRACE(fraction);
-    const auto plan = sac::budgeted_plan({p}, sac::Budget::fraction(fraction));
+    const auto plan = sac::budgeted_plan({p}, sac::Budget::fraction(fraction), std::nullopt, false);
     EXPECT_EQ(kept_by(plan.policies[0], &grads) - none, plan.saved_bytes);
     expect_bit_identical(expected, grads);
   }
@@ -398,7 +398,8 @@ TEST_F(Lab, UncheckedRegionsMakePlansNeverWorseThanNotCheckpointing) {
   }
   EXPECT_GT(unchecked_seen, 0);
   // Without the choice, a budget of the plain step's bytes still recomputes.
-  const auto checkpointed = sac::budgeted_plan(profiles, sac::Budget::bytes(plain));
+  const auto checkpointed =
+      sac::budgeted_plan(profiles, sac::Budget::bytes(plain), std::nullopt, false);
   EXPECT_GT(checkpointed.recompute_seconds, 0);
   // A context_fn cannot leave its region unchecked: refused, with advice.
   const auto unchecked =
@@ -599,8 +600,8 @@ TEST_F(Lab, OneBudgetAcrossRegions) {
   GptBlock a(64, 4, 0.0), b(64, 4, 0.0);
   const at::Tensor x = torch::randn({2, 16, 64}, torch::requires_grad());
   const at::Tensor h = a->forward(x).detach().requires_grad_();
-  const auto plan =
-      sac::budgeted_plan({profile_of(a, x), profile_of(b, h)}, sac::Budget::fraction(0.4));
+  const auto plan = sac::budgeted_plan({profile_of(a, x), profile_of(b, h)},
+                                       sac::Budget::fraction(0.4), std::nullopt, false);
   ASSERT_EQ(plan.policies.size(), 2u);
   const Outcome none_a = run(a, x, sac::nothing_saveable());
   const Outcome none_b = run(b, h, sac::nothing_saveable());
@@ -623,7 +624,7 @@ TEST_F(Lab, ExplainReportsWhatTheCachingModeDoes) {
   for (const auto& policy :
        {sac::everything_saveable(), sac::compute_intensive_ops(), sac::dots_saveable(),
         sac::Policy::save_ops({"aten::mm", "aten::addmm"}),
-        sac::budgeted_policy(p, sac::Budget::fraction(0.3))}) {
+        sac::budgeted_policy(p, sac::Budget::fraction(0.3), std::nullopt, false)}) {
     SCOPED_TRACE(policy.describe());
     torch::manual_seed(7);
     const sac::Explanation e = sac::explain(policy, [&] { block->forward(x); });

@@ -195,6 +195,8 @@ void add_lab(py::module_& m) {
       .def_property_readonly("regions", &StepPhases::regions)
       .def_property_readonly("events", &StepPhases::events)
       .def("peak", &StepPhases::peak)
+      .def_property_readonly("plain_peak", &StepPhases::plain_peak)
+      .def_property_readonly("why_no_plain_peak", &StepPhases::why_no_plain_peak)
       .def(
           "predict_peak",
           [](const StepPhases& p, const BudgetedPlan& plan) { return p.predict_peak(plan); },
@@ -219,14 +221,16 @@ void add_lab(py::module_& m) {
   m.def(
       "measure_step_phases",
       [](const std::function<void()>& step, const std::function<int64_t()>& live,
-         const std::function<int64_t()>& peak, const std::function<void()>& reset_peak) {
+         const std::function<int64_t()>& peak, const std::function<void()>& reset_peak,
+         const std::function<void()>& plain_step) {
         MemoryProbe probe;
         probe.live = live;
         probe.peak = peak;
         probe.reset_peak = reset_peak;
-        return measure_step_phases(probe, step);
+        return measure_step_phases(probe, step, plain_step);
       },
-      py::arg("step"), py::kw_only(), py::arg("live"), py::arg("peak"), py::arg("reset_peak"));
+      py::arg("step"), py::kw_only(), py::arg("live"), py::arg("peak"), py::arg("reset_peak"),
+      py::arg("plain_step") = py::none());
 }
 
 }  // namespace sac::python

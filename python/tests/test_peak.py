@@ -118,6 +118,53 @@ def test_peak_plans_hold_their_budgets(architecture):
         models.assert_identical(got, expected, f"the plan for {budget} bytes")
 
 
+@pytest.mark.parametrize("architecture", [models.gpt2, models.llama], ids=lambda f: f.__name__)
+def test_a_peak_budget_the_plain_step_fits_recomputes_nothing(architecture):
+    """Not checkpointing is a plan too (Note [The plain step]): with
+    `plain_step`, the step with checkpointing off, measure_step_phases
+    measures its peak (the counting allocator's, to the byte), and a peak
+    budget it fits gets the plan that checkpoints nothing; one byte under it,
+    the plan checkpoints and peaks lower. PyTorch's checkpoint cannot be made
+    plain from inside, so without `plain_step` the plain peak is not measured,
+    and says why."""
+    torch.manual_seed(0)
+    model, batch = architecture()
+    nothing = sac.context_fn(sac.nothing_saveable())
+    measured(model, batch, nothing)  # one-time allocations
+    m = checkpointed(model, nothing)
+    plain = copy.deepcopy(model)
+    plain.train()
+
+    def clearing(model):
+        def step():
+            run(model, batch)
+            for p in model.parameters():
+                p.grad = None
+        return step
+
+    with no_collection():
+        inside = sac.measure_step_phases(clearing(m), **PROBE)
+        phases = sac.measure_step_phases(clearing(m), plain_step=clearing(plain), **PROBE)
+    assert inside.plain_peak is None
+    assert "checkpointed in the plain run all the same" in inside.why_no_plain_peak
+    assert phases.plain_peak is not None, phases.why_no_plain_peak
+    with no_collection():
+        before = counting.sac_counting_live_bytes()
+        counting.sac_counting_reset_peak()
+        run(plain, batch)
+        plain_peak = counting.sac_counting_peak_bytes() - before
+    assert phases.plain_peak == plain_peak
+    profiled = profiles(model, batch)
+    at_plain = phases.plan_for_peak(profiled, plain_peak)
+    assert not any(at_plain.plan.checkpointed)
+    assert at_plain.plan.recompute_seconds == 0 and at_plain.predicted_peak == plain_peak
+    assert phases.predict_peak(at_plain.plan) == plain_peak
+    under = phases.plan_for_peak(profiled, plain_peak - 1)
+    assert all(under.plan.checkpointed)
+    peak, _ = measured(model, batch, sac.in_order(under.policies))
+    assert peak == under.predicted_peak < plain_peak
+
+
 def test_presets_predicted_from_python():
     """Any policy's peak, from its explanations (sac.explain per layer)."""
     torch.manual_seed(0)

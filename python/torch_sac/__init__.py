@@ -293,6 +293,7 @@ def explain(policy: PolicyLike, region: Callable[[], Any]) -> Explanation:
 
 def measure_step_phases(step: Callable[[], Any], *, live: Callable[[], int],
                         peak: Callable[[], int], reset_peak: Callable[[], Any],
+                        plain_step: Optional[Callable[[], Any]] = None,
                         group: Any = None) -> StepPhases:
     """One training step (`step`: a function of no arguments that runs the
     forward and the backward), recorded allocation by allocation from c10's
@@ -312,28 +313,40 @@ def measure_step_phases(step: Callable[[], Any], *, live: Callable[[], int],
     takes; one running when the step begins is refused, and one started
     inside refuses to start.
 
+    The step then runs once more with every sac.region plain, for
+    `plain_peak`, the peak of the step without checkpointing, which
+    `plan_for_peak` returns (recomputing nothing) where it fits. Regions of
+    torch.utils.checkpoint cannot be made plain from inside: give
+    `plain_step`, the step with checkpointing off (Hugging Face:
+    gradient_checkpointing_disable() around it). The plain peak is measured
+    only if the step left the live bytes as it found them (set the gradients
+    to none at its end); `why_no_plain_peak` says why not otherwise.
+
     On ranks (torch.distributed initialized), the ranks of `group` (default:
     the default group) measure their steps together, and a refusal on any
     rank (Gloo's threads allocate beside the step now and then) is raised on
     every rank, naming the ranks that refused: ranks that planned apart would
     run different programs."""
 
-    def recorded_step() -> None:
-        try:
-            step()
-        except RuntimeError as e:
-            if "Profiler is already enabled" not in str(e):
-                raise
-            raise RuntimeError(
-                "torch_sac.measure_step_phases: the step started a profiler, which cannot run "
-                "while sac records the step's memory (c10 reports allocations to the one "
-                "profiler slot of the thread, which the recording takes). Measure the step "
-                "with no profiler, and profile another step.") from e
+    def recorded(fn: Callable[[], Any]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                fn()
+            except RuntimeError as e:
+                if "Profiler is already enabled" not in str(e):
+                    raise
+                raise RuntimeError(
+                    "torch_sac.measure_step_phases: the step started a profiler, which cannot "
+                    "run while sac records the step's memory (c10 reports allocations to the "
+                    "one profiler slot of the thread, which the recording takes). Measure the "
+                    "step with no profiler, and profile another step.") from e
+        return run
 
     refused = None
     try:
-        phases = _C.measure_step_phases(recorded_step, live=live, peak=peak,
-                                        reset_peak=reset_peak)
+        phases = _C.measure_step_phases(
+            recorded(step), live=live, peak=peak, reset_peak=reset_peak,
+            plain_step=None if plain_step is None else recorded(plain_step))
     except RuntimeError as e:
         refused = e
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):

@@ -11,6 +11,10 @@ thread_local RegionEvents* tls_listener = nullptr;
 
 RegionEvents* region_events() { return tls_listener; }
 
+bool regions_run_plainly() {
+  return tls_listener != nullptr && tls_listener->regions_run_plainly();
+}
+
 RegionEventsGuard::RegionEventsGuard(RegionEvents* listener)
     : previous_(std::exchange(tls_listener, listener)) {}
 

@@ -2,8 +2,17 @@
 
 #include <sac/checkpoint/internal/forward_scope.h>
 #include <sac/checkpoint/internal/function_rerun.h>
+#include <sac/base/internal/region_events.h>
+
+#include <c10/core/GradMode.h>
 
 namespace sac::detail {
+
+bool runs_plainly(const CheckpointOptions& options) {
+  return !c10::GradMode::is_enabled() ||
+         (options.policy().has_value() && !options.policy()->checkpoints()) ||
+         regions_run_plainly();
+}
 
 struct RegionForward::Active {
   std::optional<ForwardScope> forward;

@@ -7,7 +7,6 @@
 #include <sac/checkpoint/scope.h>
 
 #include <ATen/core/Tensor.h>
-#include <c10/core/GradMode.h>
 #include <c10/util/ArrayRef.h>
 
 #include <cstddef>
@@ -51,6 +50,11 @@ auto checkpoint(Fn&& fn, Args&&... args) {
 // ---- Implementation ---------------------------------------------------------
 
 namespace detail {
+
+// Whether a region with `options` runs plainly, not checkpointed: under
+// no_grad, where its plan leaves it unchecked (Policy::checkpoints), and
+// while sac::measure_step_phases measures the plain step.
+bool runs_plainly(const CheckpointOptions& options);
 
 // Runs the checkpointed function on recomputed inputs (the tensor inputs in
 // the order they were collected), discarding its result.
@@ -152,9 +156,7 @@ auto checkpoint(const CheckpointOptions& options, Fn&& fn, Args&&... args) {
   static_assert(!std::is_void_v<Result>,
                 "sac::checkpoint: the checkpointed function must return its "
                 "outputs (a Tensor, a tuple or a vector of Tensors)");
-  // A plan may leave the region unchecked (Policy::checkpoints).
-  if (!c10::GradMode::is_enabled() ||
-      (options.policy().has_value() && !options.policy()->checkpoints())) {
+  if (detail::runs_plainly(options)) {
     return std::invoke(fn, std::forward<Args>(args)...);
   }
   std::vector<at::Tensor> inputs;

@@ -1,6 +1,7 @@
 #include <sac/checkpoint/region.h>
 
 #include <sac/base/internal/check.h>
+#include <sac/checkpoint/checkpoint.h>
 #include <sac/checkpoint/internal/forward_scope.h>
 #include <sac/checkpoint/internal/frame_setup.h>
 #include <sac/checkpoint/internal/read_watch.h>
@@ -9,7 +10,6 @@
 #include <sac/record/internal/recorder.h>
 #include <sac/record/internal/replay.h>
 
-#include <c10/core/GradMode.h>
 #include <c10/util/ScopeExit.h>
 
 #include <exception>
@@ -170,9 +170,7 @@ struct CheckpointRegion::Active {
 CheckpointRegion::CheckpointRegion() : CheckpointRegion(detail::scoped_options()) {}
 
 CheckpointRegion::CheckpointRegion(const CheckpointOptions& options) {
-  // A plan may leave the region unchecked (Policy::checkpoints).
-  if (!c10::GradMode::is_enabled() ||
-      (options.policy().has_value() && !options.policy()->checkpoints())) {
+  if (detail::runs_plainly(options)) {
     return;
   }
   std::string why;

@@ -213,6 +213,23 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
   return plan;
 }
 
+namespace lab {
+
+BudgetedPlan plan_unchecked(const std::vector<RegionProfile>& profiles) {
+  BudgetedPlan plan;
+  plan.checkpointed.assign(profiles.size(), false);
+  plan.saved_calls.resize(profiles.size());
+  for (const RegionProfile& profile : profiles) {
+    plan.saved_bytes = plan.saved_bytes < 0 || profile.plain_bytes() < 0
+                           ? -1
+                           : plan.saved_bytes + profile.plain_bytes();
+    plan.policies.emplace_back(std::make_shared<UncheckedRule>("unchecked"));
+  }
+  return plan;
+}
+
+}  // namespace lab
+
 Policy budgeted_policy(const RegionProfile& profile, Budget budget,
                        std::optional<OffloadCost> offload, bool unchecked_regions) {
   return budgeted_plan({profile}, budget, offload, unchecked_regions).policies.front();

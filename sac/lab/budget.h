@@ -20,9 +20,12 @@
 // than not checkpointing it, and still recompute; with it, the solver takes
 // the region unchecked instead, and the plan is never worse than not
 // checkpointing. Such a region's policy says so (Policy::checkpoints() is
-// false): sac::checkpoint and sac::CheckpointRegion run it plainly, a
-// context_fn refuses it, and StepPhases::predict_peak does not predict it
-// yet.
+// false): sac::checkpoint and sac::CheckpointRegion run it plainly, and a
+// context_fn refuses it. It is a choice by default; pass false where the
+// regions checkpoint whatever the plan says (PyTorch's checkpoint under
+// sac's contexts, Hugging Face's gradient_checkpointing_enable).
+// StepPhases::predict_peak predicts such a plan only where no region is
+// checkpointed (the plain step's measured peak).
 //
 // Offload is a third choice where outputs live on an accelerator: a call
 // left off the device costs the less of its recomputation and its bytes'
@@ -120,15 +123,14 @@ struct BudgetedPlan {
 // chosen across all of them at once. With `offload`, calls on an
 // accelerator may be offloaded (see above). With `unchecked_regions`, a
 // region whose profile measured its plain bytes may be left unchecked (see
-// above; not where the code checkpoints every layer and cannot leave one
-// out, as Hugging Face's gradient_checkpointing_enable does).
+// above).
 BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget budget,
                            std::optional<OffloadCost> offload = std::nullopt,
-                           bool unchecked_regions = false);
+                           bool unchecked_regions = true);
 
 // The policy of one region.
 Policy budgeted_policy(const RegionProfile& profile, Budget budget,
                        std::optional<OffloadCost> offload = std::nullopt,
-                       bool unchecked_regions = false);
+                       bool unchecked_regions = true);
 
 }  // namespace sac

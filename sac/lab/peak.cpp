@@ -4,6 +4,8 @@
 #include <sac/lab/internal/knapsack.h>
 #include <sac/lab/internal/step_trace.h>
 
+#include <sac/base/internal/region_events.h>
+
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/util/Exception.h>
 
@@ -12,6 +14,7 @@
 #include <iomanip>
 #include <optional>
 #include <ostream>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -266,7 +269,8 @@ double plan_cost(const BudgetedPlan& plan) { return plan.recompute_seconds + pla
 PeakPlan cheapest_plan_that_fits(const StepPhases& step, const std::vector<RegionProfile>& profiles,
                                  int64_t peak_bytes, std::optional<OffloadCost> offload,
                                  size_t grid) {
-  const int64_t everything = budgeted_plan(profiles, Budget::fraction(1.0)).budget_bytes;
+  const int64_t everything =
+      budgeted_plan(profiles, Budget::fraction(1.0), std::nullopt, false).budget_bytes;
   PeakPlan best;
   best.peak_budget = peak_bytes;
   size_t tried = 0;
@@ -274,7 +278,7 @@ PeakPlan cheapest_plan_that_fits(const StepPhases& step, const std::vector<Regio
   // it costs least so far.
   auto fits = [&](int64_t bytes) {
     ++tried;
-    BudgetedPlan plan = budgeted_plan(profiles, Budget::bytes(bytes), offload);
+    BudgetedPlan plan = budgeted_plan(profiles, Budget::bytes(bytes), offload, false);
     const int64_t predicted = step.predict_peak(plan);
     if (predicted > peak_bytes) {
       return false;
@@ -356,7 +360,7 @@ double least_cost_that_fits(const StepTrace& trace, const std::vector<int64_t>& 
   double bound = everything_seconds;
   if (!live.empty()) {
     bound = std::min(bound, bound_at(simulate(trace, changes_of(trace, best.saved_calls)).at));
-    const BudgetedPlan all = budgeted_plan(profiles, Budget::fraction(1.0), offload);
+    const BudgetedPlan all = budgeted_plan(profiles, Budget::fraction(1.0), offload, false);
     bound = std::min(bound, bound_at(simulate(trace, changes_of(trace, all.saved_calls)).at));
   }
   double least = -bound;
@@ -374,10 +378,67 @@ double least_cost_that_fits(const StepTrace& trace, const std::vector<int64_t>& 
   return least;
 }
 
+// Note [The plain step]
+// Leaving every region unchecked is the step without checkpointing, whose
+// saved tensors the trace (every region keeping nothing) does not hold. So
+// that plan's peak is measured, not predicted: the step runs once more with
+// each sac region plain (RegionEvents::regions_run_plainly, which
+// sac::checkpoint and sac::CheckpointRegion ask), and the probe's peak is
+// read. The two runs are alike only if the second starts from what the first
+// did, so the plain one is measured only where the first left the live bytes
+// as it found them; and only if no region began as a checkpoint all the same
+// (PyTorch's own checkpoint under sac's contexts, which cannot leave it).
+// Mixing plain and checkpointed regions is not predicted.
+
+// Hears the plain step's regions: it asks them to run plainly, and counts
+// those that began as checkpoints all the same.
+class PlainRegions final : public detail::RegionEvents {
+ public:
+  void forward_began(const void*) override { ++checkpointed; }
+  void forward_ended(const void*) override {}
+  void recomputation_began(const void*) override {}
+  void recomputation_ended(const void*) override {}
+  void released(const void*) override {}
+  void outputs_kept(size_t) override {}
+  bool regions_run_plainly() const override { return true; }
+
+  size_t checkpointed = 0;
+};
+
+// The plain step's peak over its start, or -1 and why not.
+std::pair<int64_t, std::string> measure_plain_step(const MemoryProbe& probe,
+                                                   const std::function<void()>& step,
+                                                   int64_t live_before_recording) {
+  const int64_t base = probe.live();
+  if (base != live_before_recording) {
+    return {-1, "the recorded step left " + std::to_string(base - live_before_recording) +
+                    " bytes more live than it found (gradients it made, an optimizer's state), "
+                    "so a second run would start elsewhere. Set the gradients to none at the "
+                    "step's end, and make the optimizer's state before measuring"};
+  }
+  PlainRegions plain;
+  probe.reset_peak();
+  {
+    detail::RegionEventsGuard listening(&plain);
+    step();
+  }
+  if (plain.checkpointed > 0) {
+    return {-1, std::to_string(plain.checkpointed) +
+                    " region(s) checkpointed in the plain run all the same (PyTorch's "
+                    "torch.utils.checkpoint, which sac's contexts cannot make plain). Give "
+                    "measure_step_phases a plain_step: the step with checkpointing off"};
+  }
+  return {probe.peak() - base, ""};
+}
+
 }  // namespace
 
-StepPhases::StepPhases(std::shared_ptr<const lab::StepTrace> trace)
-    : trace_(std::move(trace)), live_(trace_->live()) {
+StepPhases::StepPhases(std::shared_ptr<const lab::StepTrace> trace, int64_t plain_peak,
+                       std::string why_no_plain_peak)
+    : trace_(std::move(trace)),
+      live_(trace_->live()),
+      plain_peak_(plain_peak),
+      why_no_plain_peak_(plain_peak >= 0 ? "" : std::move(why_no_plain_peak)) {
   std::vector<StepPhase> phases = trace_->phases;
   for (StepPhase& phase : phases) {
     phase.peak = phase_peak(live_, phase);
@@ -397,14 +458,32 @@ int64_t StepPhases::peak() const {
   return peak;
 }
 
+std::optional<int64_t> StepPhases::plain_peak() const {
+  return plain_peak_ >= 0 ? std::optional<int64_t>(plain_peak_) : std::nullopt;
+}
+
+const std::string& StepPhases::why_no_plain_peak() const { return why_no_plain_peak_; }
+
 int64_t StepPhases::predict_peak(const BudgetedPlan& plan) const {
-  for (size_t r = 0; r < plan.checkpointed.size(); ++r) {
-    TORCH_CHECK(plan.checkpointed[r], "sac::StepPhases::predict_peak: the plan leaves region ", r,
-                " unchecked, whose saved tensors the step's trace (measured with every region "
-                "checkpointed) does not hold; such a plan is not predicted yet. Plan without "
-                "unchecked_regions to predict its peak.");
+  const auto unchecked = std::count(plan.checkpointed.begin(), plan.checkpointed.end(), false);
+  if (unchecked == 0) {
+    return predict_peak(plan.saved_calls);
   }
-  return predict_peak(plan.saved_calls);
+  TORCH_CHECK(static_cast<size_t>(unchecked) == plan.checkpointed.size(),
+              "sac::StepPhases::predict_peak: the plan leaves ", unchecked, " of its ",
+              plan.checkpointed.size(),
+              " regions unchecked and checkpoints the others; a mix is not predicted yet (Note "
+              "[The plain step], sac/lab/peak.cpp). Plan with unchecked_regions off to predict "
+              "its peak, or use plan_for_peak.");
+  TORCH_CHECK(plain_peak_ >= 0,
+              "sac::StepPhases::predict_peak: the plan checkpoints no region, and the plain "
+              "step's peak was not measured: ",
+              why_no_plain_peak_, ".");
+  TORCH_CHECK(plan.checkpointed.size() == trace_->regions.size(),
+              "sac::StepPhases::predict_peak: the step ran ", trace_->regions.size(),
+              " regions, but the plan has ", plan.checkpointed.size(),
+              " policies; plan one policy per region, in the order their forwards begin.");
+  return plain_peak_;
 }
 
 int64_t StepPhases::predict_peak(const std::vector<std::vector<SavedCall>>& saved_calls) const {
@@ -417,6 +496,14 @@ PeakPlan StepPhases::plan_for_peak(const std::vector<RegionProfile>& profiles, i
               "sac::StepPhases::plan_for_peak: the step ran ", regions(), " regions, but ",
               profiles.size(), " profiles were given; give one per region, in order.");
   TORCH_CHECK(grid >= 2, "sac::StepPhases::plan_for_peak: grid must be at least 2.");
+  if (plain_peak_ >= 0 && plain_peak_ <= peak_bytes) {
+    PeakPlan plain;
+    plain.plan = lab::plan_unchecked(profiles);
+    plain.peak_budget = peak_bytes;
+    plain.predicted_peak = plain_peak_;
+    plain.exact = true;  // it recomputes nothing
+    return plain;
+  }
   TORCH_CHECK(peak() <= peak_bytes,
               "sac::StepPhases::plan_for_peak: the step's peak under "
               "full recomputation is ",
@@ -482,8 +569,12 @@ MemoryProbe device_memory_probe(c10::Device device) {
       }};
 }
 
-StepPhases measure_step_phases(const MemoryProbe& probe, const std::function<void()>& step) {
-  return StepPhases(std::make_shared<const lab::StepTrace>(lab::trace_step(probe, step)));
+StepPhases measure_step_phases(const MemoryProbe& probe, const std::function<void()>& step,
+                               const std::function<void()>& plain_step) {
+  const int64_t live = probe.live ? probe.live() : 0;
+  auto trace = std::make_shared<const lab::StepTrace>(lab::trace_step(probe, step));
+  auto [plain_peak, why] = measure_plain_step(probe, plain_step ? plain_step : step, live);
+  return StepPhases(std::move(trace), plain_peak, std::move(why));
 }
 
 }  // namespace sac

@@ -21,6 +21,12 @@
 // checks it on generated models, tests/lab_peak_model_test.cpp on the shapes
 // that broke the first model).
 //
+// Not checkpointing at all is a plan too: the step is run a second time
+// with every region plain, and that peak is the plain step's (Note [The plain
+// step] in peak.cpp). A peak budget it fits is met by that plan, which
+// recomputes nothing, so no peak plan that recomputes peaks as high as not
+// checkpointing.
+//
 // What the model does not cover is refused, not guessed: a measured step
 // that keeps outputs, nested regions, a recomputation inside a forward, a
 // region recomputed twice, an allocator whose reports miss bytes the probe
@@ -43,6 +49,7 @@
 #include <iosfwd>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace sac {
@@ -82,7 +89,10 @@ struct StepPhase {
 
 // A plan for a peak budget (StepPhases::plan_for_peak).
 struct PeakPlan {
-  BudgetedPlan plan;  // its budget_bytes: the byte budget it was solved at
+  // Its budget_bytes: the byte budget it was solved at. Where the plain
+  // step fits, the plan leaves every region unchecked (plan.checkpointed
+  // all false, budget_bytes 0) and recomputes nothing.
+  BudgetedPlan plan;
   int64_t peak_budget = 0;
   int64_t predicted_peak = 0;
   // Whether no plan whose predicted peak fits costs less (recomputation,
@@ -100,7 +110,9 @@ struct StepTrace;
 
 class StepPhases {
  public:
-  explicit StepPhases(std::shared_ptr<const lab::StepTrace> trace);
+  // `plain_peak` < 0: not measured, for the reason `why_no_plain_peak`.
+  StepPhases(std::shared_ptr<const lab::StepTrace> trace, int64_t plain_peak = -1,
+             std::string why_no_plain_peak = "not measured");
 
   // The step's phases, in order.
   const std::vector<StepPhase>& phases() const;
@@ -109,9 +121,15 @@ class StepPhases {
   size_t events() const;
   // The measured step's peak, over what was live when it began.
   int64_t peak() const;
+  // The peak of the step with every region plain (not checkpointed), over
+  // what was live when it began; std::nullopt where it was not measured
+  // (why_no_plain_peak says why).
+  std::optional<int64_t> plain_peak() const;
+  const std::string& why_no_plain_peak() const;
   // The step's peak under `plan`, whose policies are the regions', in the
-  // order their forwards began.
-  // A plan that leaves a region unchecked is not predicted yet.
+  // order their forwards began. A plan that leaves every region unchecked
+  // peaks at plain_peak(); one that leaves some unchecked and checkpoints
+  // others is not predicted yet (an error).
   int64_t predict_peak(const BudgetedPlan& plan) const;
   // The same from the calls each region keeps, in order: a budgeted plan's
   // or any policy's (Explanation::saved_calls, sac/lab/explain.h, which
@@ -119,7 +137,8 @@ class StepPhases {
   int64_t predict_peak(const std::vector<std::vector<SavedCall>>& saved_calls) const;
   // The plan of least recomputation time whose predicted peak is at most
   // `peak_bytes`, for the regions profiled in `profiles` (one per region,
-  // in order). Searched among budgeted plans (sac/lab/budget.h) at byte
+  // in order). Where plain_peak() fits, the plan that checkpoints nothing.
+  // Else searched among budgeted plans (sac/lab/budget.h) at byte
   // budgets from none to everything: a grid of `grid` budgets, then halving
   // between the greatest that fits and the next. The grid does not depend on
   // the peak budget, so more peak budget never gives a plan that recomputes
@@ -142,12 +161,23 @@ class StepPhases {
   std::shared_ptr<const lab::StepTrace> trace_;
   std::vector<int64_t> live_;  // after each event
   std::vector<StepPhase> phases_;
+  int64_t plain_peak_;
+  std::string why_no_plain_peak_;
 };
 
 // Runs `step` once and records it. Every region in it must keep nothing (no
 // policy, or nothing_saveable()): the prediction changes this step's trace by what a
 // plan keeps. An error otherwise, and for what the model does not cover
 // (see above).
-StepPhases measure_step_phases(const MemoryProbe& probe, const std::function<void()>& step);
+//
+// Then runs `plain_step` (default: `step` again) with every sac region
+// plain, for plain_peak(). It is measured only if the recorded step left
+// the allocator's live bytes as it found them (a step that leaves its
+// gradients, or makes an optimizer's state, does not: set the gradients to
+// none at the step's end), and if no region checkpointed all the same
+// (PyTorch's torch.utils.checkpoint, which sac's contexts cannot make plain:
+// give `plain_step`, the step with checkpointing off).
+StepPhases measure_step_phases(const MemoryProbe& probe, const std::function<void()>& step,
+                               const std::function<void()>& plain_step = nullptr);
 
 }  // namespace sac

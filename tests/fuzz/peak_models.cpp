@@ -468,7 +468,8 @@ sac::Policy random_policy(Rng& rng) {
 }
 
 struct Tally {
-  size_t predictions = 0, refused = 0, peak_plans = 0;
+  size_t predictions = 0, refused = 0, peak_plans = 0, unchecked_peak_plans = 0;
+  size_t unchecked_regions = 0, checkpointed_regions = 0;
 };
 
 // Runs one case; returns the failures' descriptions (none: it passed).
@@ -486,9 +487,21 @@ std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
   const sac::MemoryProbe probe{[] { return CountingAllocator::live_bytes(); },
                                [] { return CountingAllocator::peak_bytes(); },
                                [] { CountingAllocator::reset_peak(); }};
-  const sac::StepPhases phases = sac::measure_step_phases(probe, [&] { run(m, &nothing); });
+  // The step sets its gradients to none at its end, so that it can run
+  // again alike with every region plain (Note [The plain step]).
+  const sac::StepPhases phases = sac::measure_step_phases(probe, [&] {
+    run(m, &nothing);
+    zero_grad(m);
+  });
   if (verbose) {
     phases.print(std::cout);
+  }
+  const int64_t plain_peak = step(m, nullptr).peak;
+  if (phases.plain_peak() != plain_peak) {
+    fail("the plain step peaks at " + std::to_string(plain_peak) + ", but measure_step_phases " +
+         "measured " +
+         (phases.plain_peak() ? std::to_string(*phases.plain_peak())
+                              : "nothing: " + phases.why_no_plain_peak()));
   }
 
   // Profiles and explanations, each region at the input the step gives it.
@@ -562,21 +575,47 @@ std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
     check("policies [" + names + "]", policies,
           predicted_or_refused([&] { return phases.predict_peak(kept); }), std::nullopt);
   }
-  // Random byte budgets.
+  // Byte plans with unchecked regions as a choice (the default): each
+  // region it checkpoints keeps fewer bytes than it would unchecked, and the
+  // gradients are the plain step's.
   for (int i = 0; i < 2; ++i) {
     const double fraction = static_cast<double>(pick(rng, 0, 10)) / 10.0;
     const sac::BudgetedPlan plan = sac::budgeted_plan(profiles, sac::Budget::fraction(fraction));
+    const std::string what = "byte plan with unchecked regions at " + std::to_string(fraction);
+    for (size_t r = 0; r < regions; ++r) {
+      int64_t kept = 0;
+      for (const sac::SavedCall& call : plan.saved_calls[r]) {
+        kept += call.bytes;
+      }
+      ++(plan.checkpointed[r] ? tally.checkpointed_regions : tally.unchecked_regions);
+      if (plan.checkpointed[r] && kept >= profiles[r].plain_bytes()) {
+        fail(what + ": region " + std::to_string(r) + " keeps " + std::to_string(kept) +
+             " bytes and recomputes, but keeps " + std::to_string(profiles[r].plain_bytes()) +
+             " unchecked");
+      }
+    }
+    check(what, plan.policies, std::nullopt, std::nullopt);
+  }
+  // Random byte budgets, every region checkpointed.
+  for (int i = 0; i < 2; ++i) {
+    const double fraction = static_cast<double>(pick(rng, 0, 10)) / 10.0;
+    const sac::BudgetedPlan plan =
+        sac::budgeted_plan(profiles, sac::Budget::fraction(fraction), std::nullopt, false);
     check("byte plan at " + std::to_string(fraction), plan.policies,
           predicted_or_refused([&] { return phases.predict_peak(plan); }), std::nullopt);
   }
   // Random peak budgets, ascending: measured under each, cost never rising.
   const int64_t low = phases.peak();
-  const int64_t high =
-      phases.predict_peak(sac::budgeted_plan(profiles, sac::Budget::fraction(1.0)));
+  const int64_t high = phases.predict_peak(
+      sac::budgeted_plan(profiles, sac::Budget::fraction(1.0), std::nullopt, false));
   std::vector<int64_t> budgets{low};
   for (int i = 0; i < 3; ++i) {
     budgets.push_back(low + pick(rng, 0, std::max<int64_t>(0, high - low) + 64));
   }
+  if (plain_peak > low) {
+    budgets.push_back(plain_peak - 1);
+  }
+  budgets.push_back(plain_peak);
   std::sort(budgets.begin(), budgets.end());
   double last = std::numeric_limits<double>::infinity();
   for (const int64_t budget : budgets) {
@@ -591,7 +630,19 @@ std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
            " s, more than at a smaller budget (" + std::to_string(last) + " s)");
     }
     last = plan.plan.recompute_seconds;
-    check(what, plan.plan.policies, plan.predicted_peak, budget);
+    const bool checkpoints_any =
+        std::find(plan.plan.checkpointed.begin(), plan.plan.checkpointed.end(), true) !=
+        plan.plan.checkpointed.end();
+    tally.unchecked_peak_plans += checkpoints_any ? 0 : 1;
+    if (budget >= plain_peak && (checkpoints_any || plan.plan.recompute_seconds > 0)) {
+      fail(what + ": the plain step fits (" + std::to_string(plain_peak) +
+           "), but the plan checkpoints");
+    }
+    const int64_t measured = check(what, plan.plan.policies, plan.predicted_peak, budget);
+    if (checkpoints_any && plan.plan.recompute_seconds > 0 && measured >= plain_peak) {
+      fail(what + ": the plan recomputes and peaks at " + std::to_string(measured) +
+           ", no lower than the plain step's " + std::to_string(plain_peak));
+    }
   }
   return failures;
 }
@@ -655,7 +706,10 @@ int main(int argc, char** argv) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::cout << "sac_peak_models: " << seeds.size() << " models in " << seconds << " s; "
             << tally.predictions << " predictions checked, " << tally.refused
-            << " refused (documented), " << tally.peak_plans << " peak plans\n";
+            << " refused (documented), " << tally.peak_plans << " peak plans ("
+            << tally.unchecked_peak_plans << " checkpointing nothing); byte plans with unchecked "
+            << "regions: " << tally.unchecked_regions << " regions unchecked, "
+            << tally.checkpointed_regions << " checkpointed\n";
   std::cout << passed << " passed, " << failed << " failed\n";
   return failed == 0 ? 0 : 1;
 }

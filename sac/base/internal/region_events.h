@@ -27,10 +27,18 @@ class RegionEvents {
   // A selective forward ended keeping the outputs of `calls` op calls for
   // its recomputation (some perhaps dropped already, modified in place).
   virtual void outputs_kept(size_t calls) = 0;
+  // Whether the thread's regions run without checkpointing while this
+  // listener hears them: sac::measure_step_phases measures the plain step
+  // so. A region that cannot (PyTorch's own checkpoint, under sac's
+  // contexts) still begins, and the listener hears that it did.
+  virtual bool regions_run_plainly() const { return false; }
 };
 
 // This thread's listener, or nullptr.
 RegionEvents* region_events();
+
+// Whether this thread's listener asks regions to run plainly.
+bool regions_run_plainly();
 
 // While alive, `listener` hears this thread's regions (the previous one
 // again afterwards).

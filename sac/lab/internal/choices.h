@@ -37,4 +37,9 @@ struct CallChoice {
 std::vector<CallChoice> choices_of(const RegionProfile& profile, size_t index,
                                    const std::optional<OffloadCost>& offload);
 
+// The plan that checkpoints none of the regions: the plain step. Its
+// saved_bytes are the regions' plain_bytes (-1 if a profile did not measure
+// them); it recomputes nothing.
+BudgetedPlan plan_unchecked(const std::vector<RegionProfile>& profiles);
+
 }  // namespace sac::lab
