@@ -265,6 +265,18 @@ TEST_F(PeakModel, WhatTheModelDoesNotCoverIsRefused) {
   });
   EXPECT_NE(message.find("nested regions are not covered"), std::string::npos) << message;
 
+  // Several intra-op threads: their scratch buffers go unreported.
+  const sac::MemoryProbe probe = counting_probe();  // which sets one thread
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  message = sac_test::error_of([&] {
+    sac::measure_step_phases(probe, [&] {
+      sac::checkpoint([](const at::Tensor& h) { return at::tanh(h); }, x).sum().backward();
+    });
+  });
+  at::set_num_threads(threads);
+  EXPECT_NE(message.find("intra-op threads"), std::string::npos) << message;
+
   torch::manual_seed(0);
   Regions model;
   at::Tensor w = param({64, 32});

@@ -242,6 +242,12 @@ TEST_F(Peak, APeakBudgetThePlainStepFitsRecomputesNothing) {
   mixed.checkpointed[0] = true;
   const std::string message = sac_test::error_of([&] { phases.predict_peak(mixed); });
   EXPECT_NE(message.find("a mix is not predicted yet"), std::string::npos) << message;
+  // Without a plain peak (another rank had none), the same budget checkpoints.
+  const sac::StepPhases none = phases.with_plain_peak(std::nullopt, "rank 1 had none");
+  EXPECT_EQ(none.why_no_plain_peak(), "rank 1 had none");
+  EXPECT_TRUE(none.plan_for_peak(profiles, plain).plan.checkpointed[0]);
+  const std::string unmeasured = sac_test::error_of([&] { none.predict_peak(unchecked.plan); });
+  EXPECT_NE(unmeasured.find("rank 1 had none"), std::string::npos) << unmeasured;
 }
 
 // Offload as a choice of the peak plan, through the profile's seam: the

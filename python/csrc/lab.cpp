@@ -116,6 +116,26 @@ void add_lab(py::module_& m) {
       .def_property_readonly("plain_bytes", &RegionProfile::plain_bytes)
       .def("keepable_seconds", &RegionProfile::keepable_seconds)
       .def(
+          "with_seconds",
+          [](const RegionProfile& p, const std::vector<double>& seconds) {
+            TORCH_CHECK(seconds.size() == p.calls().size(),
+                        "torch_sac.RegionProfile.with_seconds: expected one cost per call, ",
+                        p.calls().size(), " in all, in the order of `calls`; got ", seconds.size(),
+                        ".");
+            std::vector<OpCallProfile> calls = p.calls();
+            for (size_t i = 0; i < calls.size(); ++i) {
+              TORCH_CHECK(seconds[i] >= 0,
+                          "torch_sac.RegionProfile.with_seconds: a cost must not be "
+                          "negative; call ",
+                          i, " got ", seconds[i], ".");
+              calls[i].seconds = seconds[i];
+            }
+            return RegionProfile(std::move(calls), p.plain_bytes());
+          },
+          py::arg("seconds"),
+          "A copy whose calls cost `seconds` (one per call, in order): plans then "
+          "minimise that cost instead of the profiled time (FLOPs, for one).")
+      .def(
           "table",
           [](const RegionProfile& p, const std::string& sort, size_t limit) {
             return printed(p, sort_by(sort), limit);
@@ -160,7 +180,8 @@ void add_lab(py::module_& m) {
       "budgeted_policy",
       [](const RegionProfile& profile, std::optional<int64_t> bytes,
          std::optional<double> fraction) {
-        return budgeted_policy(profile, budget_of(bytes, fraction));
+        return budgeted_policy(profile, budget_of(bytes, fraction), std::nullopt,
+                               /*unchecked_regions=*/false);
       },
       py::arg("profile"), py::kw_only(), py::arg("bytes") = py::none(),
       py::arg("fraction") = py::none());
@@ -197,6 +218,8 @@ void add_lab(py::module_& m) {
       .def("peak", &StepPhases::peak)
       .def_property_readonly("plain_peak", &StepPhases::plain_peak)
       .def_property_readonly("why_no_plain_peak", &StepPhases::why_no_plain_peak)
+      .def("with_plain_peak", &StepPhases::with_plain_peak, py::arg("plain_peak"),
+           py::arg("why_not") = "")
       .def(
           "predict_peak",
           [](const StepPhases& p, const BudgetedPlan& plan) { return p.predict_peak(plan); },

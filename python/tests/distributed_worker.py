@@ -329,6 +329,28 @@ def measure_on_ranks():
                 raised[name] = None
             except RuntimeError as e:
                 raised[name] = str(e)
+
+        # A step that leaves nothing behind, whose plain run on rank 1 holds
+        # 1 MiB more: every rank gets rank 1's plain peak.
+        def clean_step():
+            torch.tanh(x @ w).sum().backward()
+            w.grad = None
+
+        def plain_step():
+            extra = torch.empty(1 << 18) if dist.get_rank() == 1 else None
+            clean_step()
+            del extra
+
+        w.grad = None  # as the step leaves it
+        live_bytes()
+        dist.barrier()
+        live_bytes()
+        try:
+            with no_collection():
+                phases = sac.measure_step_phases(clean_step, plain_step=plain_step, **probe)
+            raised["plain_peak"] = phases.plain_peak or phases.why_no_plain_peak
+        except RuntimeError as e:
+            raised["plain_peak"] = str(e)
     finally:
         torch.set_num_threads(threads)
     return raised

@@ -177,7 +177,8 @@ def test_a_profile_under_fsdp2_leaves_out_its_lazy_initialisation(counts):
 def test_a_step_one_rank_cannot_measure_is_refused_on_every_rank(counts):
     """sac.measure_step_phases on ranks: when rank 1's step allocates on
     another thread beside it (as Gloo's threads may), rank 1 cannot measure
-    it, and every rank raises, naming rank 1; a clean step measures on both."""
+    it, and every rank raises, naming rank 1; a clean step measures on both,
+    and both take the greatest plain peak either measured."""
     for rank, r in enumerate(counts):
         if r["measure"] is None:
             pytest.skip("SAC_COUNTING_ALLOCATOR is not set")
@@ -189,3 +190,8 @@ def test_a_step_one_rank_cannot_measure_is_refused_on_every_rank(counts):
         assert named and "1" in named.group(1).split(", "), (rank, refused)
         assert "no rank plans from it" in refused, (rank, refused)
         assert refused == counts[0]["measure"]["rank_1_beside"], "the ranks raised differently"
+    # The plain peak is the greatest any rank measured: rank 1's, with its
+    # 1 MiB, on both ranks (alone, rank 0's step peaks under 4 KiB).
+    plain = [r["measure"]["plain_peak"] for r in counts]
+    assert all(isinstance(p, int) for p in plain), plain
+    assert plain[0] == plain[1] and plain[0] >= 1 << 20, plain

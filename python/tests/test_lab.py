@@ -29,6 +29,43 @@ def test_a_profile_lists_the_calls_and_their_bytes():
         p.table(sort="size")
 
 
+def test_profile_layers_profiles_each_checkpointed_region_in_order():
+    """sac.profile_layers: the regions of torch.utils.checkpoint.checkpoint
+    (called through the module attribute) and of Hugging Face's
+    gradient_checkpointing_enable, one profile per call, in order, each the
+    profile of that call run alone; the forward goes on with what the region
+    returned, and the checkpoint functions are back afterwards."""
+    args = leaves()
+
+    def forward():
+        h = torch.utils.checkpoint.checkpoint(block, *args, use_reentrant=False)
+        return torch.utils.checkpoint.checkpoint(lambda x: x.unsqueeze(0) @ args[0], h,
+                                                 use_reentrant=False)
+
+    original = torch.utils.checkpoint.checkpoint
+    profiles = sac.profile_layers(torch.nn.Module(), forward, runs=1)
+    assert torch.utils.checkpoint.checkpoint is original
+    assert [[(c.op, c.call) for c in p.calls] for p in profiles[:1]] == [
+        [(c.op, c.call) for c in sac.profile(lambda: block(*args), runs=1).calls]]
+    assert len(profiles) == 2 and profiles[1].calls[-1].op == "aten::mm"
+
+    torch.manual_seed(0)
+    model, batch = models.gpt2()
+    model.train()
+    models.enable_checkpointing(model, sac.context_fn(sac.nothing_saveable()))
+    functions = [m._gradient_checkpointing_func for m in model.modules()
+                 if hasattr(m, "_gradient_checkpointing_func")]
+    torch.manual_seed(7)
+    layers = sac.profile_layers(model, lambda: model(**batch), runs=1)
+    assert len(layers) == model.config.n_layer
+    assert all(p.calls and p.plain_bytes > 0 for p in layers)
+    assert functions == [m._gradient_checkpointing_func for m in model.modules()
+                         if hasattr(m, "_gradient_checkpointing_func")]
+
+    with pytest.raises(RuntimeError, match="checkpointed no region"):
+        sac.profile_layers(torch.nn.Module(), lambda: block(*args))
+
+
 def test_a_budget_is_bytes_or_a_fraction():
     args = leaves()
     p = sac.profile(lambda: block(*args), runs=1)

@@ -7,7 +7,7 @@ import functools
 
 import pytest
 import torch
-from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts as torch_contexts
+from torch.utils.checkpoint import create_selective_checkpoint_contexts as torch_contexts
 
 import torch_sac as sac
 
@@ -87,13 +87,19 @@ def resnet():
 ARCHITECTURES = [gpt2, llama, mixtral, bert, bart, resnet]
 
 
+def _checkpoint(*args, **kwargs):
+    """torch.utils.checkpoint.checkpoint, looked up as it is called (as
+    sac.profile_layers needs to see it)."""
+    return torch.utils.checkpoint.checkpoint(*args, **kwargs)
+
+
 def enable_checkpointing(model, context_fn):
     kwargs = {"use_reentrant": False, "context_fn": context_fn}
     if not model.supports_gradient_checkpointing:
         # Hugging Face's ResNet has no switch: its stages are checkpointed as
         # a user would (timm's checkpoint_seq does the same).
         for stage in model.resnet.encoder.stages:
-            stage.forward = functools.partial(checkpoint, stage.forward, **kwargs)
+            stage.forward = functools.partial(_checkpoint, stage.forward, **kwargs)
     elif hasattr(model, "activation_checkpointing_enable"):  # transformers 5's name
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:

@@ -64,19 +64,9 @@ def grads(model):
 
 def profiles(model, batch):
     """Each checkpointed layer's op calls, profiled as the forward reaches it."""
-    out = []
-
-    def profiling(fn, *args, **kwargs):
-        kwargs.pop("use_reentrant")
-        kwargs.pop("context_fn")
-        result = []
-        out.append(sac.profile(lambda: result.append(fn(*args, **kwargs)), runs=1))
-        return result[0]
-
-    m = checkpointed(model, sac.context_fn(sac.nothing_saveable()), profiling)
+    m = checkpointed(model, sac.context_fn(sac.nothing_saveable()))
     torch.manual_seed(7)
-    m(**batch)
-    return out
+    return sac.profile_layers(m, lambda: m(**batch), runs=1)
 
 
 def measured(model, batch, context_fn):

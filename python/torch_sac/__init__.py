@@ -30,7 +30,7 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
-from typing import Any, Callable, ContextManager, Iterable, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, ContextManager, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed
@@ -105,7 +105,7 @@ __all__ = [
     # The policy lab: profiles, explanations, budgets, a step's peak.
     "BudgetedPlan", "ExplainedCall", "Explanation", "OpCallProfile", "PeakPlan",
     "RegionProfile", "RegionStatistics", "StepPhases", "budgeted_plan", "budgeted_policy",
-    "explain", "measure_step_phases", "profile",
+    "explain", "measure_step_phases", "profile", "profile_layers",
 ]
 
 # sac's answers are PyTorch's, in the same order (the C++ side relies on it).
@@ -285,6 +285,60 @@ def profile(region: Callable[[], Any], runs: int = 3, warmup: int = 0) -> Region
     return _C.profile(returning, runs, warmup)
 
 
+# torch.utils.checkpoint.checkpoint's own keyword arguments; the others are
+# the checkpointed function's.
+_CHECKPOINT_KEYWORDS = ("use_reentrant", "context_fn", "determinism_check", "debug",
+                        "preserve_rng_state", "early_stop")
+
+
+def profile_layers(model: torch.nn.Module, forward: Callable[[], Any], runs: int = 3,
+                   warmup: int = 0) -> List[RegionProfile]:
+    """The profile of each region that `forward()` checkpoints, in the order
+    they run (one per call: a plan's `profiles`). Regions are the calls
+    of `model`'s layers that Hugging Face's gradient_checkpointing_enable
+    checkpoints, and the calls of torch.utils.checkpoint.checkpoint made
+    through the module attribute; while `forward` runs, each is profiled as
+    `profile(region, runs, warmup)` does, instead of checkpointed, and the
+    forward goes on with what its first run returned. A name bound before
+    (`from torch.utils.checkpoint import checkpoint`) is not seen: an error
+    if no region was."""
+    profiles: List[RegionProfile] = []
+
+    def profiling(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        for keyword in _CHECKPOINT_KEYWORDS:
+            kwargs.pop(keyword, None)
+        result: List[Any] = []
+
+        def region() -> Any:
+            out = fn(*args, **kwargs)
+            if not result:
+                result.append(out)
+            return out
+        profiles.append(profile(region, runs, warmup))
+        return result[0]
+
+    layers = [m for m in model.modules() if hasattr(m, "_gradient_checkpointing_func")]
+    saved = [m._gradient_checkpointing_func for m in layers]
+    checkpoint_fn = torch.utils.checkpoint.checkpoint
+    try:
+        for m in layers:
+            m._gradient_checkpointing_func = profiling
+        torch.utils.checkpoint.checkpoint = profiling
+        forward()
+    finally:
+        torch.utils.checkpoint.checkpoint = checkpoint_fn
+        for m, fn in zip(layers, saved):
+            m._gradient_checkpointing_func = fn
+    if not profiles:
+        raise RuntimeError(
+            "torch_sac.profile_layers: forward() checkpointed no region through "
+            "torch.utils.checkpoint.checkpoint or a layer of the model that Hugging Face's "
+            "gradient_checkpointing_enable() set up. Enable checkpointing on the model (in "
+            "training mode), or call torch.utils.checkpoint.checkpoint through the module "
+            "attribute, not a name imported before.")
+    return profiles
+
+
 def explain(policy: PolicyLike, region: Callable[[], Any]) -> Explanation:
     """What `policy` does with `region` (a function of no arguments, run once
     under the policy's caching mode), call by call: a sac.Explanation."""
@@ -326,7 +380,8 @@ def measure_step_phases(step: Callable[[], Any], *, live: Callable[[], int],
     the default group) measure their steps together, and a refusal on any
     rank (Gloo's threads allocate beside the step now and then) is raised on
     every rank, naming the ranks that refused: ranks that planned apart would
-    run different programs."""
+    run different programs. For the same reason every rank takes the
+    greatest plain peak any rank measured (none if a rank has none)."""
 
     def recorded(fn: Callable[[], Any]) -> Callable[[], None]:
         def run() -> None:
@@ -354,9 +409,10 @@ def measure_step_phases(step: Callable[[], Any], *, live: Callable[[], int],
             raise refused
         return phases
     outcomes = [None] * torch.distributed.get_world_size(group)
-    torch.distributed.all_gather_object(outcomes, None if refused is None else str(refused),
-                                        group=group)
-    failed = [(rank, why) for rank, why in enumerate(outcomes) if why is not None]
+    mine = ((str(refused), None, "") if refused is not None else
+            (None, phases.plain_peak, phases.why_no_plain_peak))
+    torch.distributed.all_gather_object(outcomes, mine, group=group)
+    failed = [(rank, why) for rank, (why, _, _) in enumerate(outcomes) if why is not None]
     if failed:
         ranks = ", ".join(str(rank) for rank, _ in failed)
         raise RuntimeError(
@@ -364,7 +420,13 @@ def measure_step_phases(step: Callable[[], Any], *, live: Callable[[], int],
             f"{len(outcomes)}) could not measure the step, so no rank plans from it (ranks "
             f"that planned apart would run different programs). Rank {failed[0][0]} said: "
             f"{failed[0][1]}") from refused
-    return phases
+    # One plain peak for all, so that a peak budget chooses alike everywhere:
+    # the most any rank measured, or none if one rank has none.
+    missing = [(rank, why) for rank, (_, peak, why) in enumerate(outcomes) if peak is None]
+    if missing:
+        return phases.with_plain_peak(
+            None, f"rank {missing[0][0]} of the group measured no plain peak: {missing[0][1]}")
+    return phases.with_plain_peak(max(peak for _, peak, _ in outcomes))
 
 
 def in_order(policies: Sequence[PolicyLike], allow_cache_entry_mutation: bool = False

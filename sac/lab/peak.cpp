@@ -386,7 +386,8 @@ double least_cost_that_fits(const StepTrace& trace, const std::vector<int64_t>& 
 // sac::checkpoint and sac::CheckpointRegion ask), and the probe's peak is
 // read. The two runs are alike only if the second starts from what the first
 // did, so the plain one is measured only where the first left the live bytes
-// as it found them; and only if no region began as a checkpoint all the same
+// as it found them (by its own trace: on ranks, Gloo's threads allocate
+// beside it); and only if no region began as a checkpoint all the same
 // (PyTorch's own checkpoint under sac's contexts, which cannot leave it).
 // Mixing plain and checkpointed regions is not predicted.
 
@@ -405,18 +406,20 @@ class PlainRegions final : public detail::RegionEvents {
   size_t checkpointed = 0;
 };
 
-// The plain step's peak over its start, or -1 and why not.
+// The plain step's peak over its start, or -1 and why not. `left`: the bytes
+// the recorded step left live, by its own trace (other threads, Gloo's on
+// ranks, allocate and free beside it, which the probe counts too).
 std::pair<int64_t, std::string> measure_plain_step(const MemoryProbe& probe,
                                                    const std::function<void()>& step,
-                                                   int64_t live_before_recording) {
-  const int64_t base = probe.live();
-  if (base != live_before_recording) {
-    return {-1, "the recorded step left " + std::to_string(base - live_before_recording) +
+                                                   int64_t left) {
+  if (left != 0) {
+    return {-1, "the recorded step left " + std::to_string(left) +
                     " bytes more live than it found (gradients it made, an optimizer's state), "
                     "so a second run would start elsewhere. Set the gradients to none at the "
                     "step's end, and make the optimizer's state before measuring"};
   }
   PlainRegions plain;
+  const int64_t base = probe.live();
   probe.reset_peak();
   {
     detail::RegionEventsGuard listening(&plain);
@@ -463,6 +466,16 @@ std::optional<int64_t> StepPhases::plain_peak() const {
 }
 
 const std::string& StepPhases::why_no_plain_peak() const { return why_no_plain_peak_; }
+
+StepPhases StepPhases::with_plain_peak(std::optional<int64_t> plain_peak,
+                                       std::string why_not) const {
+  TORCH_CHECK(!plain_peak.has_value() || *plain_peak >= 0,
+              "sac::StepPhases::with_plain_peak: a peak must not be negative; got ", *plain_peak,
+              ".");
+  TORCH_CHECK(plain_peak.has_value() || !why_not.empty(),
+              "sac::StepPhases::with_plain_peak: say why there is no plain peak.");
+  return StepPhases(trace_, plain_peak.value_or(-1), std::move(why_not));
+}
 
 int64_t StepPhases::predict_peak(const BudgetedPlan& plan) const {
   const auto unchecked = std::count(plan.checkpointed.begin(), plan.checkpointed.end(), false);
@@ -571,9 +584,12 @@ MemoryProbe device_memory_probe(c10::Device device) {
 
 StepPhases measure_step_phases(const MemoryProbe& probe, const std::function<void()>& step,
                                const std::function<void()>& plain_step) {
-  const int64_t live = probe.live ? probe.live() : 0;
   auto trace = std::make_shared<const lab::StepTrace>(lab::trace_step(probe, step));
-  auto [plain_peak, why] = measure_plain_step(probe, plain_step ? plain_step : step, live);
+  int64_t left = 0;
+  for (const lab::TraceEvent& event : trace->events) {
+    left += event.delta;
+  }
+  auto [plain_peak, why] = measure_plain_step(probe, plain_step ? plain_step : step, left);
   return StepPhases(std::move(trace), plain_peak, std::move(why));
 }
 

@@ -126,6 +126,9 @@ class StepPhases {
   // (why_no_plain_peak says why).
   std::optional<int64_t> plain_peak() const;
   const std::string& why_no_plain_peak() const;
+  // The same step with another plain peak (or none, and why): on ranks, the
+  // most any rank measured, so that every rank plans alike.
+  StepPhases with_plain_peak(std::optional<int64_t> plain_peak, std::string why_not) const;
   // The step's peak under `plan`, whose policies are the regions', in the
   // order their forwards began. A plan that leaves every region unchecked
   // peaks at plain_peak(); one that leaves some unchecked and checkpoints
