@@ -15,6 +15,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -66,10 +67,14 @@ const TracedCall* find_call(
   return found == calls.end() || call >= found->second.size() ? nullptr : &found->second[call];
 }
 
-Changes changes_of(const StepTrace& trace, const std::vector<std::vector<SavedCall>>& kept) {
-  TORCH_CHECK(kept.size() == trace.regions.size(), "sac::StepPhases::predict_peak: the step ran ",
-              trace.regions.size(), " regions, but the plan has ", kept.size(),
+void check_one_policy_per_region(const StepTrace& trace, size_t policies) {
+  TORCH_CHECK(policies == trace.regions.size(), "sac::StepPhases::predict_peak: the step ran ",
+              trace.regions.size(), " regions, but the plan has ", policies,
               " policies; plan one policy per region, in the order their forwards begin.");
+}
+
+Changes changes_of(const StepTrace& trace, const std::vector<std::vector<SavedCall>>& kept) {
+  check_one_policy_per_region(trace, kept.size());
   const auto& allocations = trace.allocations;
   std::unordered_map<size_t, size_t> held;  // allocation: freed no earlier than
   auto hold = [&](size_t allocation, size_t position) {
@@ -406,17 +411,18 @@ class PlainRegions final : public detail::RegionEvents {
   size_t checkpointed = 0;
 };
 
-// The plain step's peak over its start, or -1 and why not. `left`: the bytes
-// the recorded step left live, by its own trace (other threads, Gloo's on
-// ranks, allocate and free beside it, which the probe counts too).
-std::pair<int64_t, std::string> measure_plain_step(const MemoryProbe& probe,
-                                                   const std::function<void()>& step,
-                                                   int64_t left) {
+// The plain step's peak over its start, or none and why not. `left`: the
+// bytes the recorded step left live, by its own trace (other threads, Gloo's
+// on ranks, allocate and free beside it, which the probe counts too).
+std::pair<std::optional<int64_t>, std::string> measure_plain_step(const MemoryProbe& probe,
+                                                                  const std::function<void()>& step,
+                                                                  int64_t left) {
   if (left != 0) {
-    return {-1, "the recorded step left " + std::to_string(left) +
-                    " bytes more live than it found (gradients it made, an optimizer's state), "
-                    "so a second run would start elsewhere. Set the gradients to none at the "
-                    "step's end, and make the optimizer's state before measuring"};
+    return {std::nullopt,
+            "the recorded step left " + std::to_string(left) +
+                " bytes more live than it found (gradients it made, an optimizer's state), "
+                "so a second run would start elsewhere. Set the gradients to none at the "
+                "step's end, and make the optimizer's state before measuring"};
   }
   PlainRegions plain;
   const int64_t base = probe.live();
@@ -426,22 +432,19 @@ std::pair<int64_t, std::string> measure_plain_step(const MemoryProbe& probe,
     step();
   }
   if (plain.checkpointed > 0) {
-    return {-1, std::to_string(plain.checkpointed) +
-                    " region(s) checkpointed in the plain run all the same (PyTorch's "
-                    "torch.utils.checkpoint, which sac's contexts cannot make plain). Give "
-                    "measure_step_phases a plain_step: the step with checkpointing off"};
+    return {std::nullopt,
+            std::to_string(plain.checkpointed) +
+                " region(s) checkpointed in the plain run all the same (PyTorch's "
+                "torch.utils.checkpoint, which sac's contexts cannot make plain). Give "
+                "measure_step_phases a plain_step: the step with checkpointing off"};
   }
   return {probe.peak() - base, ""};
 }
 
 }  // namespace
 
-StepPhases::StepPhases(std::shared_ptr<const lab::StepTrace> trace, int64_t plain_peak,
-                       std::string why_no_plain_peak)
-    : trace_(std::move(trace)),
-      live_(trace_->live()),
-      plain_peak_(plain_peak),
-      why_no_plain_peak_(plain_peak >= 0 ? "" : std::move(why_no_plain_peak)) {
+StepPhases::StepPhases(std::shared_ptr<const lab::StepTrace> trace)
+    : trace_(std::move(trace)), live_(trace_->live()) {
   std::vector<StepPhase> phases = trace_->phases;
   for (StepPhase& phase : phases) {
     phase.peak = phase_peak(live_, phase);
@@ -461,9 +464,7 @@ int64_t StepPhases::peak() const {
   return peak;
 }
 
-std::optional<int64_t> StepPhases::plain_peak() const {
-  return plain_peak_ >= 0 ? std::optional<int64_t>(plain_peak_) : std::nullopt;
-}
+std::optional<int64_t> StepPhases::plain_peak() const { return plain_peak_; }
 
 const std::string& StepPhases::why_no_plain_peak() const { return why_no_plain_peak_; }
 
@@ -474,7 +475,10 @@ StepPhases StepPhases::with_plain_peak(std::optional<int64_t> plain_peak,
               ".");
   TORCH_CHECK(plain_peak.has_value() || !why_not.empty(),
               "sac::StepPhases::with_plain_peak: say why there is no plain peak.");
-  return StepPhases(trace_, plain_peak.value_or(-1), std::move(why_not));
+  StepPhases out = *this;
+  out.plain_peak_ = plain_peak;
+  out.why_no_plain_peak_ = plain_peak.has_value() ? "" : std::move(why_not);
+  return out;
 }
 
 int64_t StepPhases::predict_peak(const BudgetedPlan& plan) const {
@@ -488,15 +492,12 @@ int64_t StepPhases::predict_peak(const BudgetedPlan& plan) const {
               " regions unchecked and checkpoints the others; a mix is not predicted yet (Note "
               "[The plain step], sac/lab/peak.cpp). Plan with unchecked_regions off to predict "
               "its peak, or use plan_for_peak.");
-  TORCH_CHECK(plain_peak_ >= 0,
+  TORCH_CHECK(plain_peak_.has_value(),
               "sac::StepPhases::predict_peak: the plan checkpoints no region, and the plain "
               "step's peak was not measured: ",
               why_no_plain_peak_, ".");
-  TORCH_CHECK(plan.checkpointed.size() == trace_->regions.size(),
-              "sac::StepPhases::predict_peak: the step ran ", trace_->regions.size(),
-              " regions, but the plan has ", plan.checkpointed.size(),
-              " policies; plan one policy per region, in the order their forwards begin.");
-  return plain_peak_;
+  check_one_policy_per_region(*trace_, plan.checkpointed.size());
+  return *plain_peak_;
 }
 
 int64_t StepPhases::predict_peak(const std::vector<std::vector<SavedCall>>& saved_calls) const {
@@ -509,11 +510,11 @@ PeakPlan StepPhases::plan_for_peak(const std::vector<RegionProfile>& profiles, i
               "sac::StepPhases::plan_for_peak: the step ran ", regions(), " regions, but ",
               profiles.size(), " profiles were given; give one per region, in order.");
   TORCH_CHECK(grid >= 2, "sac::StepPhases::plan_for_peak: grid must be at least 2.");
-  if (plain_peak_ >= 0 && plain_peak_ <= peak_bytes) {
+  if (plain_peak_.has_value() && *plain_peak_ <= peak_bytes) {
     PeakPlan plain;
     plain.plan = lab::plan_unchecked(profiles);
     plain.peak_budget = peak_bytes;
-    plain.predicted_peak = plain_peak_;
+    plain.predicted_peak = *plain_peak_;
     plain.exact = true;  // it recomputes nothing
     return plain;
   }
@@ -584,13 +585,11 @@ MemoryProbe device_memory_probe(c10::Device device) {
 
 StepPhases measure_step_phases(const MemoryProbe& probe, const std::function<void()>& step,
                                const std::function<void()>& plain_step) {
-  auto trace = std::make_shared<const lab::StepTrace>(lab::trace_step(probe, step));
-  int64_t left = 0;
-  for (const lab::TraceEvent& event : trace->events) {
-    left += event.delta;
-  }
-  auto [plain_peak, why] = measure_plain_step(probe, plain_step ? plain_step : step, left);
-  return StepPhases(std::move(trace), plain_peak, std::move(why));
+  StepPhases phases(std::make_shared<const lab::StepTrace>(lab::trace_step(probe, step)));
+  const int64_t left = phases.live_.empty() ? 0 : phases.live_.back();
+  std::tie(phases.plain_peak_, phases.why_no_plain_peak_) =
+      measure_plain_step(probe, plain_step ? plain_step : step, left);
+  return phases;
 }
 
 }  // namespace sac

@@ -110,9 +110,7 @@ struct StepTrace;
 
 class StepPhases {
  public:
-  // `plain_peak` < 0: not measured, for the reason `why_no_plain_peak`.
-  StepPhases(std::shared_ptr<const lab::StepTrace> trace, int64_t plain_peak = -1,
-             std::string why_no_plain_peak = "not measured");
+  explicit StepPhases(std::shared_ptr<const lab::StepTrace> trace);
 
   // The step's phases, in order.
   const std::vector<StepPhase>& phases() const;
@@ -164,8 +162,11 @@ class StepPhases {
   std::shared_ptr<const lab::StepTrace> trace_;
   std::vector<int64_t> live_;  // after each event
   std::vector<StepPhase> phases_;
-  int64_t plain_peak_;
-  std::string why_no_plain_peak_;
+  std::optional<int64_t> plain_peak_;
+  std::string why_no_plain_peak_ = "not measured";
+
+  friend StepPhases measure_step_phases(const MemoryProbe& probe, const std::function<void()>& step,
+                                        const std::function<void()>& plain_step);
 };
 
 // Runs `step` once and records it. Every region in it must keep nothing (no
