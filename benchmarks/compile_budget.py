@@ -16,10 +16,10 @@ eager (matmuls) so that both sides see it as bmm:
   (the nodes min_cut_rematerialization_partition puts in both graphs, as its
   own "remat" log counts them), each costed from its node's shapes. The
   AOTAutograd cache is off, so that every compile partitions.
-- sac: every call that the plan's policy recomputes in a checkpointed layer
-  (sac.explain's outcome "recomputed"), costed from its shapes as the layer
-  runs. A bound: the recomputation stops once the last tensor backward needs
-  is made again, so calls after it do not run.
+- sac: every call that the plan's recomputation runs again in a checkpointed
+  layer (sac.explain's outcome "recomputed" or "demoted", before the
+  recomputation's early stop: not `past_stop`), costed from its shapes as
+  the layer runs.
 
     SAC_COUNTING_ALLOCATOR=build/benchmarks/libsac_counting_allocator.so \\
       python3 benchmarks/compile_budget.py [--models gpt2,llama] \\
@@ -164,7 +164,7 @@ def recomputed_by_the_plan(model, inputs, policies):
         explanation = sac.explain(next(layers), region)
         total[0] += sum(counted.flops.values())
         for call in explanation.calls:
-            if call.outcome == "recomputed":
+            if call.outcome in ("recomputed", "demoted") and not call.profile.past_stop:
                 recomputed[0] += counted.flops.get((call.profile.op, call.profile.call), 0)
         return result[0]
 

@@ -1,12 +1,21 @@
 // Models and an exact CPU memory counter, shared by the demo and the tests.
 #pragma once
 
+#include <sac/lab/budget.h>
+#include <sac/lab/profile.h>
+#include <sac/policy/policy.h>
+
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <atomic>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace sac_examples {
 
@@ -137,5 +146,42 @@ class CountingAllocator final : public c10::Allocator {
     }
   }
 };
+
+// `policy`, asked about every cacheable call: a region's statistics
+// (RegionStatistics::Counts::calls_rerun) then count every call its
+// recomputation runs again, not only the calls of the ops the policy names.
+inline sac::Policy asked_about_every_call(sac::Policy policy) {
+  class Rule final : public sac::Policy::Rule {
+   public:
+    explicit Rule(sac::Policy policy) : policy_(std::move(policy)) {}
+    sac::CheckpointPolicy decide(const sac::SelectiveCheckpointContext& ctx,
+                                 const c10::OperatorHandle& op,
+                                 c10::ArrayRef<c10::IValue> args) const override {
+      return policy_.decide(ctx, op, args);
+    }
+    sac::Policy::Domain domain() const override { return sac::Policy::Domain::every_cacheable(); }
+    std::string describe() const override { return policy_.describe(); }
+    bool checkpoints() const override { return policy_.checkpoints(); }
+
+   private:
+    sac::Policy policy_;
+  };
+  return sac::Policy(std::make_shared<Rule>(std::move(policy)));
+}
+
+// The calls the recomputation of a region runs again, by its profile: the
+// cacheable calls before its stop (OpCallProfile::past_stop) that `kept`
+// (a plan's saved_calls for the region) does not hold.
+inline size_t predicted_reruns(const sac::RegionProfile& profile,
+                               const std::vector<sac::SavedCall>& kept) {
+  size_t reruns = 0;
+  for (const sac::OpCallProfile& call : profile.calls()) {
+    const bool saved = std::any_of(kept.begin(), kept.end(), [&](const sac::SavedCall& k) {
+      return k.op == call.op && k.call == call.call && !k.demoted;
+    });
+    reruns += call.cacheable && !call.past_stop && !saved ? 1 : 0;
+  }
+  return reruns;
+}
 
 }  // namespace sac_examples

@@ -215,6 +215,91 @@ TEST_F(Lab, BudgetedPolicyKeepsWhatItPredictsWithinItsBudget) {
   }
 }
 
+// With early stop, a recomputation ends once autograd has saved again what
+// it saved in the forward: the calls after the last save are never run
+// again, so the profile marks them past the stop, keeping them saves
+// nothing, and a plan neither keeps them nor counts their time. At every
+// budget the recomputation runs exactly the calls the plan predicts (counted
+// by the region's statistics) and the gradients are the plain step's.
+TEST_F(Lab, TheRecomputationRunsOnlyTheCallsBeforeItsStop) {
+  torch::manual_seed(0);
+  const at::Tensor x = torch::randn({8, 16}, torch::requires_grad());
+  const at::Tensor w1 = torch::randn({16, 16}, torch::requires_grad());
+  const at::Tensor w2 = torch::randn({16, 16}, torch::requires_grad());
+  // mm saves its inputs before it runs, tanh its output after; the second
+  // mm's inputs are the last tensors saved, and add saves nothing.
+  auto region = [&](const at::Tensor& in) {
+    const at::Tensor c = in.mm(w1).tanh().mm(w2);
+    return c + c;
+  };
+  const sac::RegionProfile p = sac::profile([&] { return region(x); });
+  ASSERT_EQ(p.calls().size(), 4u);
+  std::vector<bool> past_stop;
+  for (const auto& call : p.calls()) {
+    past_stop.push_back(call.past_stop);
+  }
+  EXPECT_EQ(past_stop, (std::vector<bool>{false, false, true, true}));
+  EXPECT_EQ(p.keepable_seconds(), p.calls()[0].seconds + p.calls()[1].seconds);
+
+  const auto expected = run_and_grad([&] { return region(x); }, {x, w1, w2}, {}, 7);
+  for (const double fraction : {0.0, 0.3, 0.6, 1.0}) {
+    SCOPED_TRACE(fraction);
+    const auto plan = sac::budgeted_plan({p}, sac::Budget::fraction(fraction), std::nullopt, false);
+    for (const auto& kept : plan.saved_calls[0]) {
+      for (const auto& call : p.calls()) {
+        EXPECT_FALSE(call.op == kept.op && call.call == kept.call && call.past_stop)
+            << c10::toString(kept.op.operator_name()) << " #" << kept.call << " is kept";
+      }
+    }
+    auto stats = std::make_shared<sac::RegionStatistics>();
+    const auto out = run_and_grad(
+        [&] {
+          return sac::checkpoint(sac::CheckpointOptions()
+                                     .policy(sac_examples::asked_about_every_call(plan.policies[0]))
+                                     .statistics(stats),
+                                 region, x);
+        },
+        {x, w1, w2}, {}, 7);
+    expect_bit_identical(expected, out);
+    EXPECT_EQ(stats->read().calls_rerun, sac_examples::predicted_reruns(p, plan.saved_calls[0]));
+  }
+  const auto all = sac::budgeted_plan({p}, sac::Budget::fraction(1.0), std::nullopt, false);
+  EXPECT_EQ(all.recompute_seconds, 0.0);
+  EXPECT_EQ(all.saved_calls[0].size(), 2u) << "the first mm and tanh; nothing past the stop";
+
+  // Without autograd recording nothing is saved, and the profile could not
+  // tell: it refuses.
+  torch::NoGradGuard no_grad;
+  EXPECT_NE(sac_test::error_of([&] {
+              sac::profile([&] { return region(x); });
+            }).find("autograd is not recording"),
+            std::string::npos);
+}
+
+// On a GPT block, the recomputation runs the calls the plan predicts at
+// every budget, and the block's last calls are past the stop.
+TEST_F(Lab, AGptBlocksRecomputationRunsWhatThePlanPredicts) {
+  torch::manual_seed(0);
+  GptBlock block(64, 4, 0.0);
+  const at::Tensor x = torch::randn({2, 16, 64}, torch::requires_grad());
+  const sac::RegionProfile p = profile_of(block, x);
+  EXPECT_TRUE(p.calls().back().past_stop) << "the residual add saves nothing";
+  EXPECT_FALSE(p.calls().front().past_stop);
+  for (const double fraction : {0.0, 0.1, 0.25, 0.5, 0.75, 1.0}) {
+    SCOPED_TRACE(fraction);
+    const auto plan = sac::budgeted_plan({p}, sac::Budget::fraction(fraction), std::nullopt, false);
+    auto stats = std::make_shared<sac::RegionStatistics>();
+    torch::manual_seed(7);
+    const at::Tensor y = sac::checkpoint(
+        sac::CheckpointOptions()
+            .policy(sac_examples::asked_about_every_call(plan.policies[0]))
+            .statistics(stats),
+        [&](const at::Tensor& in) { return block->forward(in); }, x);
+    y.sum().backward();
+    EXPECT_EQ(stats->read().calls_rerun, sac_examples::predicted_reruns(p, plan.saved_calls[0]));
+  }
+}
+
 // A matmul of a 3-D input is aten::mm and an aten::_unsafe_view of its
 // result: two cacheable calls on one storage. Saving the view alone keeps
 // the matmul's bytes, so a plan saves both or neither, and at every budget a

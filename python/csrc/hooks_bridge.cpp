@@ -29,7 +29,12 @@ class PythonBridge final : public sac::detail::SavedTensorHooksBridge {
     py::cpp_function pack([make](const at::Tensor& tensor) -> py::object {
       std::shared_ptr<torch::autograd::SavedVariableHooks> hooks = (*make)();
       if (hooks == nullptr) {
-        return py::cast(tensor);  // not sac's to hold: saved as it is
+        // Not sac's to hold: saved as it is, without its autograd metadata.
+        // Autograd hands a pack hook an output with its grad_fn, and held so
+        // it would hold the node that holds it: a cycle nothing frees.
+        // tensor_data() makes no op call (aten::detach would: a profile
+        // would count it).
+        return py::cast(tensor.tensor_data());
       }
       {
         py::gil_scoped_release no_gil;

@@ -104,6 +104,7 @@ void add_lab(py::module_& m) {
       .def_readonly("cacheable", &OpCallProfile::cacheable)
       .def_readonly("modified_later", &OpCallProfile::modified_later)
       .def_readonly("returned", &OpCallProfile::returned)
+      .def_readonly("past_stop", &OpCallProfile::past_stop)
       .def_property_readonly("keepable", &OpCallProfile::keepable)
       .def("__repr__", [](const OpCallProfile& c) {
         return "<torch_sac.OpCallProfile " + op_name(c) + " #" + std::to_string(c.call) + ", " +
@@ -175,16 +176,16 @@ void add_lab(py::module_& m) {
         return budgeted_plan(profiles, budget_of(bytes, fraction), std::nullopt, unchecked_regions);
       },
       py::arg("profiles"), py::kw_only(), py::arg("bytes") = py::none(),
-      py::arg("fraction") = py::none(), py::arg("unchecked_regions") = false);
+      py::arg("fraction") = py::none(), py::arg("unchecked_regions") = true);
   m.def(
       "budgeted_policy",
-      [](const RegionProfile& profile, std::optional<int64_t> bytes,
-         std::optional<double> fraction) {
+      [](const RegionProfile& profile, std::optional<int64_t> bytes, std::optional<double> fraction,
+         bool unchecked_regions) {
         return budgeted_policy(profile, budget_of(bytes, fraction), std::nullopt,
-                               /*unchecked_regions=*/false);
+                               unchecked_regions);
       },
       py::arg("profile"), py::kw_only(), py::arg("bytes") = py::none(),
-      py::arg("fraction") = py::none());
+      py::arg("fraction") = py::none(), py::arg("unchecked_regions") = true);
 
   py::class_<ExplainedCall>(m, "ExplainedCall", "One call, the policy's answer and its fate.")
       .def_readonly("profile", &ExplainedCall::profile)

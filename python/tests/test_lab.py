@@ -1,6 +1,7 @@
 """sac's policy lab from Python: profiles, budgeted policies (exact in bytes,
 on Hugging Face models), explanations and statistics."""
 import ctypes
+import gc
 import os
 
 import pytest
@@ -27,6 +28,93 @@ def test_a_profile_lists_the_calls_and_their_bytes():
     assert p.csv().startswith("op,call,output_bytes")
     with pytest.raises(RuntimeError, match="sort by"):
         p.table(sort="size")
+
+
+def test_the_recomputation_runs_only_the_calls_before_its_stop():
+    """With early stop, PyTorch's checkpoint ends a recomputation once every
+    tensor autograd saved is saved again: the profile marks the calls after
+    the last save past the stop, and a plan neither keeps them nor counts
+    their time."""
+    torch.manual_seed(0)
+    x, w1, w2 = (torch.randn(*shape, requires_grad=True)
+                 for shape in [(8, 16), (16, 16), (16, 16)])
+
+    def region(h):
+        # mm saves its inputs before it runs, tanh its output after; the
+        # second mm's inputs are the last saved, and add saves nothing.
+        c = h.mm(w1).tanh().mm(w2)
+        return c + c
+
+    p = sac.profile(lambda: region(x))
+    assert [(c.op, c.past_stop) for c in p.calls] == [
+        ("aten::mm", False), ("aten::tanh", False), ("aten::mm", True),
+        ("aten::add.Tensor", True)]
+    plan = sac.budgeted_plan([p], fraction=1.0, unchecked_regions=False)
+    assert plan.recompute_seconds == 0
+    e = sac.explain(plan.policies[0], lambda: region(x))
+    assert [(c.profile.op, c.profile.call) for c in e.calls if c.outcome == "saved"] == [
+        ("aten::mm", 0), ("aten::tanh", 0)]
+    assert "past stop" in str(e)
+    # The second mm, asked about and not kept, is never run again.
+    stats = sac.RegionStatistics()
+    checkpoint(region, x, use_reentrant=False,
+               context_fn=sac.context_fn(plan.policies[0], statistics=stats)).sum().backward()
+    counts = stats.read()
+    assert (counts["calls_served"], counts["calls_rerun"]) == (2, 0)
+
+
+def test_an_unchecked_region_runs_plainly_under_pytorchs_checkpoint():
+    """A region a plan leaves unchecked, under torch.utils.checkpoint with
+    sac's contexts: autograd saves its tensors as without checkpointing, so
+    nothing is recomputed, the gradients are the plain step's, and an
+    in-place change to a saved tensor is caught as PyTorch catches it
+    unchecked. Outside PyTorch's checkpoint the context refuses."""
+    torch.manual_seed(0)
+    x, w = torch.randn(8, 16, requires_grad=True), torch.randn(16, 16, requires_grad=True)
+
+    def region(h):
+        return h.mm(w).tanh().exp()
+
+    policy = sac.budgeted_policy(sac.profile(lambda: region(x)), fraction=1.0)
+    assert not policy.checkpoints
+    stats = sac.RegionStatistics()
+    out = checkpoint(region, x, use_reentrant=False,
+                     context_fn=sac.context_fn(policy, statistics=stats))
+    got = torch.autograd.grad(out.sum(), [x, w])
+    expected = torch.autograd.grad(region(x).sum(), [x, w])
+    assert all(torch.equal(a, b) for a, b in zip(got, expected))
+    assert stats.read()["recomputations"] == 0
+
+    def modified(h):
+        y = region(h)
+        z = y.sum()
+        y.add_(1)  # exp saved y for backward
+        return z
+
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        checkpoint(modified, x, use_reentrant=False,
+                   context_fn=sac.context_fn(policy)).backward()
+    forward_context, _ = sac.context_fn(policy)()
+    with pytest.raises(RuntimeError, match="non-reentrant checkpoint"):
+        with forward_context:
+            pass
+
+
+def test_a_profile_holds_nothing_after_it_returns():
+    """The profile hears autograd's saves through torch's saved-tensor hooks;
+    a tensor it hands back as it is must not hold its own grad_fn (a cycle
+    that nothing frees)."""
+    x = torch.randn(8, 16, requires_grad=True)
+
+    def tensors():
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if torch.is_tensor(o))
+
+    sac.profile(lambda: x.exp().tanh().sum())
+    before = tensors()
+    for _ in range(5):
+        sac.profile(lambda: x.exp().tanh().sum())
+    assert tensors() == before
 
 
 def test_profile_layers_profiles_each_checkpointed_region_in_order():
@@ -151,11 +239,13 @@ def test_a_plan_is_never_worse_than_not_checkpointing(architecture, counting):
     the step keeps unchecked on Llama, and still recomputed. The profile
     measures what the region keeps unchecked (plain_bytes, to the byte); with
     unchecked_regions a plan whose budget covers that leaves the region
-    unchecked, and no plan keeps as much while recomputing."""
+    unchecked, and no plan keeps as much while recomputing. Under PyTorch's
+    checkpoint such a region runs plainly: it keeps what the step keeps
+    unchecked, to the byte, with the same gradients."""
     torch.manual_seed(0)
     model, batch = architecture()
     profile = whole_model_profile(model, batch)
-    _, kept_plain = whole_model_step(model, batch, count=counting)
+    expected, kept_plain = whole_model_step(model, batch, count=counting)
     _, kept_full = whole_model_step(model, batch, count=counting,
                                     context_fn=sac.context_fn(sac.nothing_saveable()))
     # PyTorch's checkpoint also keeps the CPU generator's state as a tensor,
@@ -163,14 +253,16 @@ def test_a_plan_is_never_worse_than_not_checkpointing(architecture, counting):
     rng_state = torch.get_rng_state().nbytes
     assert kept_plain - (kept_full - rng_state) == profile.plain_bytes
     for fraction in [0.25, 0.5, 0.75, 1.0]:
-        before = sac.budgeted_plan([profile], fraction=fraction)
-        plan = sac.budgeted_plan([profile], fraction=fraction, unchecked_regions=True)
+        before = sac.budgeted_plan([profile], fraction=fraction, unchecked_regions=False)
+        plan = sac.budgeted_plan([profile], fraction=fraction)
         assert plan.saved_bytes <= plan.budget_bytes
         if plan.budget_bytes >= profile.plain_bytes:
             assert plan.checkpointed == [False] and not plan.policies[0].checkpoints
             assert plan.saved_bytes == profile.plain_bytes
-            with pytest.raises(RuntimeError, match="leaves its region unchecked"):
-                sac.context_fn(plan.policies[0])()
+            got, kept = whole_model_step(model, batch, count=counting,
+                                         context_fn=sac.context_fn(plan.policies[0]))
+            models.assert_identical(got, expected, "an unchecked region under checkpoint")
+            assert kept == kept_plain
         else:
             assert plan.checkpointed == [True] and plan.saved_bytes < profile.plain_bytes
         # Without the choice, a plan may keep more than unchecked and still
@@ -192,7 +284,7 @@ def test_a_budgeted_policy_keeps_its_plan_exactly(architecture, fraction, counti
     # loss's bytes (the caller holds them).
     assert [c for c in profile.calls if c.returned], "no call made the returned loss"
     assert "returned" in profile.table()
-    plan = sac.budgeted_plan([profile], fraction=fraction)
+    plan = sac.budgeted_plan([profile], fraction=fraction, unchecked_regions=False)
     policy = plan.policies[0]
     assert plan.exact and plan.saved_bytes <= plan.budget_bytes
 

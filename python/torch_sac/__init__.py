@@ -28,6 +28,7 @@ replaying its aten ops (sac::CheckpointRegion): no function to wrap.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import itertools
 from typing import Any, Callable, ContextManager, Iterable, List, Optional, Sequence, Tuple, Union
@@ -220,8 +221,36 @@ def _contexts(policy: Policy, allow_cache_entry_mutation: bool,
     if torch.compiler.is_compiling():
         return torch.utils.checkpoint.create_selective_checkpoint_contexts(
             python_fn or _AsPyTorchPolicy(policy), allow_cache_entry_mutation)
+    if not policy.checkpoints:
+        return _RunsPlainly(), contextlib.nullcontext()
     return _C.create_selective_checkpoint_contexts(policy, allow_cache_entry_mutation,
                                                    statistics)
+
+
+class _RunsPlainly:
+    """The forward context of a region a budgeted plan leaves unchecked
+    (Policy.checkpoints is False), under PyTorch's non-reentrant checkpoint.
+    The checkpoint pushes its saved-tensor hooks just before it enters this
+    context; while the region runs they are set aside, so autograd saves the
+    region's tensors as it does without checkpointing (its in-place checks
+    included). The checkpoint then holds none of them and never recomputes,
+    and with nothing holding it, it lets go of the inputs and generator state
+    it kept: the region keeps what it keeps unchecked (plain_bytes)."""
+
+    def __enter__(self) -> None:
+        hooks = torch._C._autograd._top_saved_tensors_default_hooks(True)
+        if hooks is None or getattr(hooks[0], "__module__", None) != "torch.utils.checkpoint":
+            raise RuntimeError(
+                "sac: a region a budgeted plan leaves unchecked runs plainly inside PyTorch's "
+                "non-reentrant checkpoint (torch.utils.checkpoint.checkpoint(..., "
+                "use_reentrant=False, context_fn=...)), which sac found was not the one "
+                "entering its context. Call that checkpoint, or run the region without one "
+                "(BudgetedPlan.checkpointed says which).")
+        torch._C._autograd._pop_saved_tensors_default_hooks()
+        self._hooks = hooks
+
+    def __exit__(self, *exception: Any) -> None:
+        torch._C._autograd._push_saved_tensors_default_hooks(*self._hooks)
 
 
 class _AsPyTorchPolicy:

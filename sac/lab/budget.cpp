@@ -11,6 +11,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -121,24 +122,31 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
   std::vector<lab::Item> items;
   std::vector<lab::CallChoice> choices;
   std::vector<size_t> item_of_choice;
-  std::vector<size_t> unchecked_item(profiles.size(), static_cast<size_t>(-1));
+  constexpr size_t kNoItem = static_cast<size_t>(-1);
+  std::vector<size_t> unchecked_item(profiles.size(), kNoItem);
   int64_t everything = 0;
   for (size_t p = 0; p < profiles.size(); ++p) {
     const int group = static_cast<int>(p);
     // What a checkpoint of the region costs with nothing kept: the
-    // recomputation of every call, or the trip of those cheaper to offload.
+    // recomputation of every call before its stop, or the trip of those
+    // cheaper to offload.
     double region_cost = 0;
     for (const auto& call : profiles[p].calls()) {
-      region_cost += call.seconds;
+      region_cost += call.recompute_seconds();
     }
     for (lab::CallChoice& choice : lab::choices_of(profiles[p], p, offload)) {
       for (const OpCallProfile* call : choice.calls) {
-        region_cost -= call->seconds;
+        region_cost -= call->recompute_seconds();
       }
       region_cost += choice.left.seconds;
-      item_of_choice.push_back(items.size());
-      items.push_back({choice.bytes, choice.left.seconds, group, false});
       everything += choice.bytes;
+      // Calls past the recomputation's stop cost nothing left out: keeping
+      // them would hold bytes for nothing.
+      const bool worth_keeping = choice.left.seconds > 0;
+      item_of_choice.push_back(worth_keeping ? items.size() : kNoItem);
+      if (worth_keeping) {
+        items.push_back({choice.bytes, choice.left.seconds, group, false});
+      }
       choices.push_back(std::move(choice));
     }
     if (unchecked_regions && profiles[p].plain_bytes() >= 0) {
@@ -164,20 +172,14 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
   }
   std::vector<std::vector<ChosenCallsRule::Chosen>> chosen(profiles.size());
   plan.saved_calls.resize(profiles.size());
-  plan.checkpointed.assign(profiles.size(), true);
-  // A checkpointed region's every call runs again unless kept or offloaded.
+  plan.checkpointed.resize(profiles.size());
   for (size_t p = 0; p < profiles.size(); ++p) {
-    if (unchecked_item[p] < items.size() && kept[unchecked_item[p]]) {
-      plan.checkpointed[p] = false;
-      continue;
-    }
-    for (const auto& call : profiles[p].calls()) {
-      plan.recompute_seconds += call.seconds;
-    }
+    plan.checkpointed[p] = unchecked_item[p] == kNoItem || !kept[unchecked_item[p]];
   }
+  std::unordered_set<const OpCallProfile*> not_rerun;  // kept or offloaded
   for (size_t i = 0; i < choices.size(); ++i) {
     const lab::CallChoice& c = choices[i];
-    if (!plan.checkpointed[c.profile]) {
+    if (!plan.checkpointed[c.profile] || item_of_choice[i] == kNoItem) {
       continue;
     }
     const bool keep = kept[item_of_choice[i]];
@@ -188,7 +190,7 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
       chosen[c.profile].push_back(
           {call->op, call->call,
            keep ? CheckpointPolicy::MustSave : CheckpointPolicy::MustCpuOffload});
-      plan.recompute_seconds -= call->seconds;
+      not_rerun.insert(call);
       if (keep) {  // the choice's bytes go with its first call
         plan.saved_calls[c.profile].push_back(
             {call->op, call->call, call == c.calls.front() ? c.bytes : 0});
@@ -199,8 +201,14 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
       plan.offload_seconds += c.left.seconds;
     }
   }
-  // What rounding left of subtracting every call of a region.
-  plan.recompute_seconds = std::max(plan.recompute_seconds, 0.0);
+  // A checkpointed region's every call before the stop runs again unless
+  // kept or offloaded.
+  for (size_t p = 0; p < profiles.size(); ++p) {
+    for (const auto& call : profiles[p].calls()) {
+      const bool rerun = plan.checkpointed[p] && not_rerun.count(&call) == 0;
+      plan.recompute_seconds += rerun ? call.recompute_seconds() : 0;
+    }
+  }
   const std::string budgeted = "budgeted(" + std::to_string(plan.budget_bytes) + " bytes" +
                                (offload.has_value() ? ", offload" : "") + ")";
   for (size_t p = 0; p < profiles.size(); ++p) {

@@ -20,10 +20,11 @@
 // than not checkpointing it, and still recompute; with it, the solver takes
 // the region unchecked instead, and the plan is never worse than not
 // checkpointing. Such a region's policy says so (Policy::checkpoints() is
-// false): sac::checkpoint and sac::CheckpointRegion run it plainly, and a
-// context_fn refuses it. It is a choice by default; pass false where the
-// regions checkpoint whatever the plan says (PyTorch's checkpoint under
-// sac's contexts, Hugging Face's gradient_checkpointing_enable).
+// false): sac::checkpoint and sac::CheckpointRegion run it plainly, as
+// Python's sac.context_fn does under PyTorch's checkpoint, and
+// create_selective_checkpoint_contexts refuses it. It is a choice by
+// default; pass false where the regions checkpoint whatever the plan says
+// (a checkpoint of one's own under sac's contexts).
 // StepPhases::predict_peak predicts such a plan only where no region is
 // checkpointed (the plain step's measured peak).
 //
@@ -98,7 +99,8 @@ struct BudgetedPlan {
   std::vector<bool> checkpointed;
   int64_t budget_bytes = 0;
   // Predicted: bytes kept after the forward, and the time of the calls the
-  // recomputation runs (all profiled calls but the kept and offloaded ones).
+  // recomputation runs (the profiled calls before its stop but the kept and
+  // offloaded ones; OpCallProfile::past_stop).
   // Both are the profiled shapes': the policies answer by (op, call index),
   // so at other shapes (another sequence length) they keep the same calls,
   // whose bytes are those shapes'. Plan per shape with sac::ShapePlans

@@ -7,11 +7,11 @@ namespace sac::lab {
 LeftOut left_out(const OpCallProfile& call, const std::optional<OffloadCost>& offload) {
   if (offload.has_value() && call.device.type() != c10::kCPU) {
     const double trip = static_cast<double>(call.output_bytes) / offload->bytes_per_second;
-    if (trip < call.seconds) {
+    if (trip < call.recompute_seconds()) {
       return {trip, true};
     }
   }
-  return {call.seconds, false};
+  return {call.recompute_seconds(), false};
 }
 
 std::vector<CallChoice> choices_of(const RegionProfile& profile, size_t index,
@@ -50,7 +50,7 @@ std::vector<CallChoice> choices_of(const RegionProfile& profile, size_t index,
       c.left = left_out(*c.calls.front(), offload);
     } else {  // offload moves one call's outputs; a shared storage is recomputed
       for (const OpCallProfile* call : c.calls) {
-        c.left.seconds += call->seconds;
+        c.left.seconds += call->recompute_seconds();
       }
     }
     choices.push_back(std::move(c));

@@ -115,7 +115,7 @@ double Explanation::recompute_seconds() const {
   for (const auto& c : calls_) {
     const bool kept = c.outcome == ExplainedCall::Outcome::Saved ||
                       c.outcome == ExplainedCall::Outcome::Offloaded;
-    seconds += kept ? 0 : c.profile.seconds;
+    seconds += kept ? 0 : c.profile.recompute_seconds();
   }
   return seconds;
 }
@@ -131,7 +131,11 @@ void Explanation::print(std::ostream& out) const {
         << std::setw(12) << std::fixed << std::setprecision(1) << c.profile.seconds * 1e6 << "  "
         << std::left << std::setw(18)
         << (c.answer.has_value() ? std::string(to_string(*c.answer)) : std::string("-"))
-        << to_string(c.outcome) << "\n";
+        << (c.profile.past_stop && c.outcome != ExplainedCall::Outcome::Saved &&
+                    c.outcome != ExplainedCall::Outcome::Offloaded
+                ? "past stop"
+                : to_string(c.outcome))
+        << "\n";
   }
   out << std::right << "kept " << saved_bytes() << " bytes, offloaded " << offloaded_bytes()
       << " bytes, recomputed " << std::setprecision(1) << recompute_seconds() * 1e6 << " us\n";

@@ -29,7 +29,9 @@ struct ExplainedCall {
   std::optional<CheckpointPolicy> answer;
   // Demoted: saved, then modified in place later in the forward, so the
   // cache dropped it when the forward ended (it held the storage until then)
-  // and the recomputation runs it.
+  // and the recomputation runs it. A call left to the recomputation
+  // (Recomputed, Demoted) past its stop (profile.past_stop) is never run
+  // again; print() says "past stop" for it.
   enum class Outcome { NotDecided, Saved, Offloaded, Recomputed, Demoted };
   Outcome outcome = Outcome::NotDecided;
 };
@@ -49,8 +51,9 @@ class Explanation {
   std::vector<SavedCall> saved_calls() const;
   // Bytes offloaded to the copy target.
   int64_t offloaded_bytes() const;
-  // Time of the calls the recomputation runs: every call but the kept ones
-  // (views, in-place ops and calls the policy was not asked about included).
+  // Time of the calls the recomputation runs: every call before its stop
+  // (OpCallProfile::past_stop) but the kept ones (views, in-place ops and
+  // calls the policy was not asked about included).
   double recompute_seconds() const;
 
   void print(std::ostream& out) const;

@@ -371,13 +371,13 @@ double least_cost_that_fits(const StepTrace& trace, const std::vector<int64_t>& 
   double least = -bound;
   for (const auto& profile : profiles) {
     for (const auto& call : profile.calls()) {
-      least += call.seconds;
+      least += call.recompute_seconds();
     }
   }
   for (const auto& choice : choices) {
     least += choice.left.seconds;
     for (const OpCallProfile* call : choice.calls) {
-      least -= call->seconds;
+      least -= call->recompute_seconds();
     }
   }
   return least;

@@ -1,11 +1,13 @@
 #include <sac/lab/profile.h>
 
+#include <sac/base/internal/saved_tensor_hooks.h>
 #include <sac/base/internal/version_watch.h>
 #include <sac/cache/internal/new_storages.h>
 #include <sac/dispatch/internal/boxed.h>
 #include <sac/dispatch/internal/interceptor.h>
 #include <sac/policy/internal/op_traits.h>
 
+#include <ATen/core/grad_mode.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/util/Exception.h>
 
@@ -180,6 +182,7 @@ std::string flags(const OpCallProfile& c) {
   add(c.random, "random");
   add(c.collective, "collective");
   add(c.returned, "returned");
+  add(c.past_stop, "past-stop");
   return out;
 }
 
@@ -196,7 +199,7 @@ int64_t RegionProfile::keepable_bytes() const {
 double RegionProfile::keepable_seconds() const {
   double seconds = 0;
   for (const auto& c : calls_) {
-    seconds += c.keepable() ? c.seconds : 0;
+    seconds += c.keepable() ? c.recompute_seconds() : 0;
   }
   return seconds;
 }
@@ -230,12 +233,12 @@ void RegionProfile::print(std::ostream& out, SortBy sort, size_t limit) const {
 
 void RegionProfile::write_csv(std::ostream& out) const {
   out << "op,call,output_bytes,seconds,cacheable,modified_later,view,in_place,random,collective,"
-         "device,returned\n";
+         "device,returned,past_stop\n";
   for (const auto& c : calls_) {
     out << c10::toString(c.op.operator_name()) << "," << c.call << "," << c.output_bytes << ","
         << std::scientific << std::setprecision(6) << c.seconds << "," << c.cacheable << ","
         << c.modified_later << "," << c.view << "," << c.in_place << "," << c.random << ","
-        << c.collective << "," << c.device << "," << c.returned << "\n";
+        << c.collective << "," << c.device << "," << c.returned << "," << c.past_stop << "\n";
   }
 }
 
@@ -249,9 +252,23 @@ struct ProfiledRun {
 ProfiledRun profile_once(const detail::ProfiledRegion& region) {
   Profiler profiler;
   std::vector<at::Tensor> returned;
+  // The calls made when autograd saved its last tensor: a recomputation
+  // stops there (OpCallProfile::past_stop). A save of a call's inputs comes
+  // before its kernel runs, a save of its outputs after: the hooks hear
+  // them, saving nothing themselves.
+  size_t calls_at_last_save = 0;
+  detail::install_hooking_engine();
   {
     dispatch::ObserverGuard observing(&profiler);
+    detail::SavedTensorHooksGuard saves(
+        [&]() -> std::unique_ptr<torch::autograd::SavedVariableHooks> {
+          calls_at_last_save = profiler.records.size();
+          return nullptr;
+        });
     region(returned);
+  }
+  for (size_t i = calls_at_last_save; i < profiler.records.size(); ++i) {
+    profiler.records[i].past_stop = true;
   }
   for (const at::Tensor& t : returned) {
     profiler.returned(t);
@@ -266,6 +283,12 @@ ProfiledRun profile_once(const detail::ProfiledRegion& region) {
 RegionProfile detail::profile_region(const detail::ProfiledRegion& region, int runs, int warmup) {
   TORCH_CHECK(runs >= 1, "sac::profile: runs must be at least 1; got ", runs, ".");
   TORCH_CHECK(warmup >= 0, "sac::profile: warmup must be 0 or more; got ", warmup, ".");
+  TORCH_CHECK(at::GradMode::is_enabled(),
+              "sac::profile: autograd is not recording here (torch::NoGradGuard, "
+              "torch.no_grad() or inference mode), so the region saves nothing for backward: "
+              "its plain_bytes would be 0 and every call would look past the "
+              "recomputation's stop (OpCallProfile::past_stop). Profile the region as the "
+              "training step runs it, with autograd recording.");
   for (int run = 0; run < warmup; ++run) {
     std::vector<at::Tensor> returned;
     region(returned);

@@ -14,6 +14,14 @@
 // the cacheable ops only (views and in-place ops are not intercepted there;
 // see Note [The interceptor]).
 //
+// Which calls the recomputation reaches is read from the saved tensors:
+// with early stop, a checkpoint's recomputation ends once autograd has saved
+// again every tensor it saved in the forward, so the calls after the last
+// save are never run again (OpCallProfile::past_stop). Profile the region as
+// the step runs it, with autograd recording (a profile without it is
+// refused): a region that saves nothing is never recomputed, and every call
+// of its profile is past the stop.
+//
 // The region really runs: its random ops draw from their generators and its
 // in-place ops on buffers (BatchNorm's running statistics) happen. Seed and
 // restore what the experiment needs before the runs it compares.
@@ -58,6 +66,11 @@ struct OpCallProfile {
   // nn::Linear adds its bias in place on 3-D input): sac would demote the
   // call to recomputation, so saving it holds nothing on the device.
   bool modified_later = false;
+  // The recomputation never reaches it: with early stop (the default) a
+  // recomputation ends once autograd has saved again every tensor it saved
+  // in the forward, and the profile saw the last of those saved before this
+  // call ran. Left out, it costs nothing; kept, it saves nothing.
+  bool past_stop = false;
   // Earlier calls (indices in RegionProfile::calls()) whose new storage this
   // cacheable call's outputs hold too, as aten::_unsafe_view holds a
   // matmul's result: saving either holds those bytes, which are counted once,
@@ -66,6 +79,9 @@ struct OpCallProfile {
 
   // A choice for a policy: cacheable and kept when saved.
   bool keepable() const { return cacheable && !modified_later; }
+  // What leaving it to the recomputation costs: its time, or nothing past
+  // the stop.
+  double recompute_seconds() const { return past_stop ? 0 : seconds; }
 };
 
 class RegionProfile {
@@ -85,7 +101,8 @@ class RegionProfile {
   int64_t plain_bytes() const { return plain_bytes_; }
   // What saving every keepable call keeps (everything_saveable()).
   int64_t keepable_bytes() const;
-  // What recomputing every keepable call costs.
+  // What recomputing every keepable call costs (those past the stop cost
+  // nothing).
   double keepable_seconds() const;
 
   enum class SortBy { Order, Bytes, Time };

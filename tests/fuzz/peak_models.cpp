@@ -14,7 +14,15 @@
 //   1. every prediction equals the measured peak, to the byte;
 //   2. a peak plan's measured peak is at most its budget;
 //   3. a peak plan's recomputation never grows with its budget;
-//   4. every step's loss and gradients are bit-identical to the plain step.
+//   4. every step's loss and gradients are bit-identical to the plain step;
+//   5. at or over the plain step's peak a peak plan checkpoints nothing, and
+//      under it a plan that recomputes peaks lower;
+//   6. a byte plan's checkpointed regions each keep fewer bytes than
+//      unchecked, and its recomputation runs again exactly the calls it
+//      predicts (before the stop, not kept: RegionStatistics' calls_rerun);
+//   7. where a byte plan has at most 14 choices, its recomputation is the
+//      least of every choice of kept calls and unchecked regions that fits
+//      (tried one by one).
 // A prediction the model refuses (documented in peak.h) is counted, not
 // failed.
 //
@@ -31,6 +39,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -381,14 +390,17 @@ at::Tensor forward(Model& m, const RunRegion& run_region) {
   return h;
 }
 
-// The step's forward and backward: what its peak is measured over.
-at::Tensor run(Model& m, const std::vector<sac::Policy>* policies) {
+// The step's forward and backward: what its peak is measured over. Its
+// regions add to `statistics`, if given.
+at::Tensor run(Model& m, const std::vector<sac::Policy>* policies,
+               const std::shared_ptr<sac::RegionStatistics>& statistics = nullptr) {
   torch::manual_seed(7);
   at::Tensor out = forward(m, [&](size_t r, const auto& body, const at::Tensor& in) {
     if (policies == nullptr) {
       return body(in);
     }
-    return sac::checkpoint(sac::CheckpointOptions().policy((*policies)[r]), body, in);
+    return sac::checkpoint(sac::CheckpointOptions().policy((*policies)[r]).statistics(statistics),
+                           body, in);
   });
   at::Tensor loss = (out * out).mean();
   loss.backward();
@@ -470,7 +482,83 @@ sac::Policy random_policy(Rng& rng) {
 struct Tally {
   size_t predictions = 0, refused = 0, peak_plans = 0, unchecked_peak_plans = 0;
   size_t unchecked_regions = 0, checkpointed_regions = 0;
+  size_t reruns_checked = 0, calls_past_stop = 0, calls_profiled = 0;
+  size_t tried_every_choice = 0, not_exact = 0;
+  double greatest_gap = 0;
 };
+
+// The least recomputation of any plan within `budget` bytes, found by trying
+// every choice: each region's keepable calls, those sharing a storage kept
+// together (their storages' bytes counted once), and with `unchecked` each
+// region left unchecked (its plain bytes, nothing recomputed). None if there
+// are more than `most` choices.
+std::optional<double> least_recomputation(const std::vector<sac::RegionProfile>& profiles,
+                                          int64_t budget, bool unchecked, size_t most) {
+  struct Choice {
+    size_t region;
+    int64_t bytes = 0;
+    double seconds = 0;  // what keeping it saves
+    bool whole = false;  // the region unchecked
+  };
+  std::vector<Choice> choices;
+  double everything = 0;  // every call of every region recomputed
+  std::vector<double> region_seconds;
+  for (size_t r = 0; r < profiles.size(); ++r) {
+    const auto& calls = profiles[r].calls();
+    std::vector<size_t> group(calls.size());
+    for (size_t i = 0; i < calls.size(); ++i) {
+      group[i] = i;
+      for (const size_t j : calls[i].shares_storage_with) {
+        const size_t from = group[i], to = group[j];
+        std::replace(group.begin(), group.begin() + static_cast<std::ptrdiff_t>(i) + 1, from, to);
+      }
+    }
+    double seconds = 0;
+    std::vector<Choice> of_region(calls.size(), Choice{r});
+    std::vector<bool> keepable(calls.size(), false);
+    for (size_t i = 0; i < calls.size(); ++i) {
+      seconds += calls[i].recompute_seconds();
+      of_region[group[i]].bytes += calls[i].output_bytes;
+      if (calls[i].keepable()) {
+        keepable[group[i]] = true;
+        of_region[group[i]].seconds += calls[i].recompute_seconds();
+      }
+    }
+    everything += seconds;
+    for (size_t g = 0; g < calls.size(); ++g) {
+      if (keepable[g]) {
+        choices.push_back(of_region[g]);
+      }
+    }
+    if (unchecked && profiles[r].plain_bytes() >= 0) {
+      choices.push_back({r, profiles[r].plain_bytes(), seconds, true});
+    }
+  }
+  if (choices.size() > most) {
+    return std::nullopt;
+  }
+  double least = everything;
+  for (uint64_t set = 0; set < (uint64_t{1} << choices.size()); ++set) {
+    int64_t bytes = 0;
+    double saved = 0;
+    std::vector<int> taken(profiles.size(), 0);  // 1: some calls, 2: unchecked
+    bool valid = true;
+    for (size_t c = 0; c < choices.size() && valid; ++c) {
+      if ((set >> c & 1) == 0) {
+        continue;
+      }
+      const int kind = choices[c].whole ? 2 : 1;
+      valid = taken[choices[c].region] == 0 || taken[choices[c].region] == kind;
+      taken[choices[c].region] = kind;
+      bytes += choices[c].bytes;
+      saved += choices[c].seconds;
+    }
+    if (valid && bytes <= budget) {
+      least = std::min(least, everything - saved);
+    }
+  }
+  return least;
+}
 
 // Runs one case; returns the failures' descriptions (none: it passed).
 std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
@@ -561,6 +649,54 @@ std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
     }
   };
 
+  for (const sac::RegionProfile& p : profiles) {
+    for (const sac::OpCallProfile& call : p.calls()) {
+      ++tally.calls_profiled;
+      tally.calls_past_stop += call.past_stop ? 1 : 0;
+    }
+  }
+  // The recomputation runs again the calls `plan` predicts, every region
+  // checkpointed: each region's policy asked about every call, so that the
+  // statistics count them all.
+  auto check_reruns = [&](const std::string& what, const sac::BudgetedPlan& plan) {
+    std::vector<sac::Policy> policies;
+    size_t predicted = 0;
+    for (size_t r = 0; r < regions; ++r) {
+      policies.push_back(sac_examples::asked_about_every_call(plan.policies[r]));
+      predicted += sac_examples::predicted_reruns(profiles[r], plan.saved_calls[r]);
+    }
+    auto statistics = std::make_shared<sac::RegionStatistics>();
+    zero_grad(m);
+    run(m, &policies, statistics);
+    ++tally.reruns_checked;
+    const size_t rerun = statistics->read().calls_rerun;
+    if (rerun != predicted) {
+      fail(what + ": the recomputation ran " + std::to_string(rerun) + " calls again, the plan " +
+           "predicts " + std::to_string(predicted));
+    }
+  };
+  // An exact plan recomputes the least any choice within its budget does.
+  auto check_least = [&](const std::string& what, const sac::BudgetedPlan& plan, bool unchecked) {
+    if (!plan.exact) {
+      ++tally.not_exact;
+      tally.greatest_gap = std::max(tally.greatest_gap, plan.gap_seconds);
+      return;
+    }
+    const std::optional<double> least =
+        least_recomputation(profiles, plan.budget_bytes, unchecked, 14);
+    if (!least.has_value()) {
+      return;
+    }
+    ++tally.tried_every_choice;
+    if (plan.saved_bytes > plan.budget_bytes ||
+        std::abs(plan.recompute_seconds - *least) > 1e-12 + 1e-9 * *least) {
+      fail(what + ": recomputes " + std::to_string(plan.recompute_seconds * 1e6) + " us in " +
+           std::to_string(plan.saved_bytes) + " bytes, but trying every choice within " +
+           std::to_string(plan.budget_bytes) + " bytes finds " + std::to_string(*least * 1e6) +
+           " us");
+    }
+  };
+
   // Nothing kept: the measured step itself.
   check("nothing kept", nothing, phases.peak(), std::nullopt);
   // Random policies, each region's own or one for all.
@@ -595,14 +731,18 @@ std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
       }
     }
     check(what, plan.policies, std::nullopt, std::nullopt);
+    check_least(what, plan, true);
   }
   // Random byte budgets, every region checkpointed.
   for (int i = 0; i < 2; ++i) {
     const double fraction = static_cast<double>(pick(rng, 0, 10)) / 10.0;
     const sac::BudgetedPlan plan =
         sac::budgeted_plan(profiles, sac::Budget::fraction(fraction), std::nullopt, false);
-    check("byte plan at " + std::to_string(fraction), plan.policies,
-          predicted_or_refused([&] { return phases.predict_peak(plan); }), std::nullopt);
+    const std::string what = "byte plan at " + std::to_string(fraction);
+    check(what, plan.policies, predicted_or_refused([&] { return phases.predict_peak(plan); }),
+          std::nullopt);
+    check_least(what, plan, false);
+    check_reruns(what, plan);
   }
   // Random peak budgets, ascending: measured under each, cost never rising.
   const int64_t low = phases.peak();
@@ -709,7 +849,12 @@ int main(int argc, char** argv) {
             << " refused (documented), " << tally.peak_plans << " peak plans ("
             << tally.unchecked_peak_plans << " checkpointing nothing); byte plans with unchecked "
             << "regions: " << tally.unchecked_regions << " regions unchecked, "
-            << tally.checkpointed_regions << " checkpointed\n";
+            << tally.checkpointed_regions << " checkpointed; " << tally.calls_past_stop << " of "
+            << tally.calls_profiled << " profiled calls past the recomputation's stop; "
+            << tally.reruns_checked << " recomputations ran the calls predicted; "
+            << tally.tried_every_choice << " byte plans checked against every choice ("
+            << tally.not_exact << " not exact, greatest gap " << tally.greatest_gap * 1e6
+            << " us)\n";
   std::cout << passed << " passed, " << failed << " failed\n";
   return failed == 0 ? 0 : 1;
 }
