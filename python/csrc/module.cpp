@@ -262,6 +262,10 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("create_selective_checkpoint_contexts", &sac::python::contexts, py::arg("policy"),
         py::arg("allow_cache_entry_mutation") = false, py::arg("statistics") = nullptr);
+  m.def(
+      "_regions_run_plainly", [] { return sac::detail::regions_run_plainly(); },
+      "Whether this thread's regions run without checkpointing now: "
+      "sac.measure_step_phases' plain step.");
 
   // Policies.
   m.def("save_ops", &Policy::save_ops, py::arg("op_names"));

@@ -114,9 +114,11 @@ def test_a_peak_budget_the_plain_step_fits_recomputes_nothing(architecture):
     `plain_step`, the step with checkpointing off, measure_step_phases
     measures its peak (the counting allocator's, to the byte), and a peak
     budget it fits gets the plan that checkpoints nothing; one byte under it,
-    the plan checkpoints and peaks lower. PyTorch's checkpoint cannot be made
-    plain from inside, so without `plain_step` the plain peak is not measured,
-    and says why."""
+    the plan checkpoints and peaks lower. Without `plain_step`, PyTorch's
+    checkpoint runs each layer plainly under sac's contexts: the step a plan
+    leaving every layer unchecked runs, whose peak is measured so (GPT-2's
+    is lower than without checkpointing: Hugging Face skips the key-value
+    cache wherever gradient checkpointing is on)."""
     torch.manual_seed(0)
     model, batch = architecture()
     nothing = sac.context_fn(sac.nothing_saveable())
@@ -132,11 +134,15 @@ def test_a_peak_budget_the_plain_step_fits_recomputes_nothing(architecture):
                 p.grad = None
         return step
 
+    # sac's C++ contexts alone cannot run a layer plainly: refused, saying why.
+    raw = checkpointed(model, lambda: sac._C.create_selective_checkpoint_contexts(
+        sac.nothing_saveable()))
     with no_collection():
         inside = sac.measure_step_phases(clearing(m), **PROBE)
         phases = sac.measure_step_phases(clearing(m), plain_step=clearing(plain), **PROBE)
-    assert inside.plain_peak is None
-    assert "checkpointed in the plain run all the same" in inside.why_no_plain_peak
+        refused = sac.measure_step_phases(clearing(raw), **PROBE)
+    assert refused.plain_peak is None
+    assert "checkpointed in the plain run all the same" in refused.why_no_plain_peak
     assert phases.plain_peak is not None, phases.why_no_plain_peak
     with no_collection():
         before = counting.sac_counting_live_bytes()
@@ -144,7 +150,13 @@ def test_a_peak_budget_the_plain_step_fits_recomputes_nothing(architecture):
         run(plain, batch)
         plain_peak = counting.sac_counting_peak_bytes() - before
     assert phases.plain_peak == plain_peak
+    assert inside.plain_peak is not None, inside.why_no_plain_peak
     profiled = profiles(model, batch)
+    unchecked = inside.plan_for_peak(profiled, inside.plain_peak)
+    assert not any(unchecked.plan.checkpointed)
+    peak, got = measured(model, batch, sac.in_order(unchecked.policies))
+    assert peak == inside.plain_peak == unchecked.predicted_peak
+    models.assert_identical(got, models.step(model, batch, None), "every layer unchecked")
     at_plain = phases.plan_for_peak(profiled, plain_peak)
     assert not any(at_plain.plan.checkpointed)
     assert at_plain.plan.recompute_seconds == 0 and at_plain.predicted_peak == plain_peak

@@ -221,7 +221,7 @@ def _contexts(policy: Policy, allow_cache_entry_mutation: bool,
     if torch.compiler.is_compiling():
         return torch.utils.checkpoint.create_selective_checkpoint_contexts(
             python_fn or _AsPyTorchPolicy(policy), allow_cache_entry_mutation)
-    if not policy.checkpoints:
+    if not policy.checkpoints or _C._regions_run_plainly():
         return _RunsPlainly(), contextlib.nullcontext()
     return _C.create_selective_checkpoint_contexts(policy, allow_cache_entry_mutation,
                                                    statistics)
@@ -229,7 +229,9 @@ def _contexts(policy: Policy, allow_cache_entry_mutation: bool,
 
 class _RunsPlainly:
     """The forward context of a region a budgeted plan leaves unchecked
-    (Policy.checkpoints is False), under PyTorch's non-reentrant checkpoint.
+    (Policy.checkpoints is False), or of any region while
+    sac.measure_step_phases runs the plain step (Note [The plain step]),
+    under PyTorch's non-reentrant checkpoint.
     The checkpoint pushes its saved-tensor hooks just before it enters this
     context; while the region runs they are set aside, so autograd saves the
     region's tensors as it does without checkpointing (its in-place checks

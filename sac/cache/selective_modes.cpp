@@ -382,9 +382,9 @@ SelectiveCheckpointContexts create_selective_checkpoint_contexts(
               " leaves its region unchecked (a budgeted plan found that not checkpointing "
               "the region keeps fewer bytes than any checkpoint that recomputes less), so "
               "it has no selective checkpointing contexts. Run that region without "
-              "checkpointing (BudgetedPlan::checkpointed says which; sac::checkpoint and "
-              "sac::CheckpointRegion do so themselves under this policy), or plan with "
-              "every region checkpointed (unchecked_regions off).");
+              "checkpointing (BudgetedPlan::checkpointed says which; sac::checkpoint, "
+              "sac::CheckpointRegion and Python's sac.context_fn do so themselves under "
+              "this policy), or plan with every region checkpointed (unchecked_regions off).");
   policy.prepare_interception();
   // The caching mode watches these for in-place changes to cached values.
   dispatch::intercept_ops(policy::hidden_alias_ops());

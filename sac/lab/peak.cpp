@@ -388,12 +388,14 @@ double least_cost_that_fits(const StepTrace& trace, const std::vector<int64_t>& 
 // saved tensors the trace (every region keeping nothing) does not hold. So
 // that plan's peak is measured, not predicted: the step runs once more with
 // each sac region plain (RegionEvents::regions_run_plainly, which
-// sac::checkpoint and sac::CheckpointRegion ask), and the probe's peak is
+// sac::checkpoint, sac::CheckpointRegion and Python's sac.context_fn under
+// PyTorch's checkpoint ask), and the probe's peak is
 // read. The two runs are alike only if the second starts from what the first
 // did, so the plain one is measured only where the first left the live bytes
 // as it found them (by its own trace: on ranks, Gloo's threads allocate
 // beside it); and only if no region began as a checkpoint all the same
-// (PyTorch's own checkpoint under sac's contexts, which cannot leave it).
+// (a checkpoint of one's own under create_selective_checkpoint_contexts,
+// which cannot leave it).
 // Mixing plain and checkpointed regions is not predicted.
 
 // Hears the plain step's regions: it asks them to run plainly, and counts
@@ -434,9 +436,10 @@ std::pair<std::optional<int64_t>, std::string> measure_plain_step(const MemoryPr
   if (plain.checkpointed > 0) {
     return {std::nullopt,
             std::to_string(plain.checkpointed) +
-                " region(s) checkpointed in the plain run all the same (PyTorch's "
-                "torch.utils.checkpoint, which sac's contexts cannot make plain). Give "
-                "measure_step_phases a plain_step: the step with checkpointing off"};
+                " region(s) checkpointed in the plain run all the same (a checkpoint of "
+                "one's own under create_selective_checkpoint_contexts, which cannot run "
+                "plainly). Give measure_step_phases a plain_step: the step with "
+                "checkpointing off"};
   }
   return {probe.peak() - base, ""};
 }

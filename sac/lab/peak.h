@@ -179,8 +179,9 @@ class StepPhases {
 // the allocator's live bytes as it found them (a step that leaves its
 // gradients, or makes an optimizer's state, does not: set the gradients to
 // none at the step's end), and if no region checkpointed all the same
-// (PyTorch's torch.utils.checkpoint, which sac's contexts cannot make plain:
-// give `plain_step`, the step with checkpointing off).
+// (a checkpoint of one's own under create_selective_checkpoint_contexts;
+// Python's sac.context_fn runs PyTorch's plainly: give `plain_step`, the
+// step with checkpointing off).
 StepPhases measure_step_phases(const MemoryProbe& probe, const std::function<void()>& step,
                                const std::function<void()>& plain_step = nullptr);
 

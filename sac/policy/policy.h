@@ -80,8 +80,8 @@ class Policy {
     // False for a region a budgeted plan leaves unchecked (sac/lab/budget.h):
     // it keeps what autograd saves, which costs less than keeping every
     // call. sac::checkpoint and sac::CheckpointRegion then run the region
-    // plainly; a context_fn cannot (create_selective_checkpoint_contexts
-    // refuses it).
+    // plainly, as Python's sac.context_fn does under PyTorch's checkpoint;
+    // create_selective_checkpoint_contexts refuses it.
     virtual bool checkpoints() const { return true; }
   };
 
