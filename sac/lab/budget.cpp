@@ -150,11 +150,11 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
       choices.push_back(std::move(choice));
     }
     if (unchecked_regions && profiles[p].plain_bytes() >= 0) {
-      // All of that saved, and the checkpoint's own work that no call
-      // profiles (its frame, its hooks): a nanosecond, so that a tie with
-      // keeping every call goes to the region unchecked.
+      // All of that saved, and a picosecond: below the clock's resolution,
+      // so that only an exact tie with keeping every call goes to the region
+      // unchecked (a nanosecond chose it over calls worth one more).
       unchecked_item[p] = items.size();
-      items.push_back({profiles[p].plain_bytes(), region_cost + 1e-9, group, true});
+      items.push_back({profiles[p].plain_bytes(), region_cost + 1e-12, group, true});
     }
   }
   BudgetedPlan plan;

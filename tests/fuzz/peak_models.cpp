@@ -502,7 +502,6 @@ std::optional<double> least_recomputation(const std::vector<sac::RegionProfile>&
   };
   std::vector<Choice> choices;
   double everything = 0;  // every call of every region recomputed
-  std::vector<double> region_seconds;
   for (size_t r = 0; r < profiles.size(); ++r) {
     const auto& calls = profiles[r].calls();
     std::vector<size_t> group(calls.size());
