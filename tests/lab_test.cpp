@@ -494,6 +494,49 @@ TEST_F(Lab, UncheckedRegionsMakePlansNeverWorseThanNotCheckpointing) {
   EXPECT_NE(refused.find("leaves its region unchecked"), std::string::npos) << refused;
 }
 
+// A budget of the plain step's bytes is stated against not checkpointing:
+// at 1.0 every region is unchecked, below it every plan saves bytes against
+// not checkpointing and recomputes for them.
+TEST_F(Lab, BudgetsOfThePlainStepAreSavingsAgainstNotCheckpointing) {
+  torch::manual_seed(0);
+  std::vector<GptBlock> blocks;
+  for (int b = 0; b < 3; ++b) blocks.emplace_back(32, 4, /*dropout=*/0.0);
+  std::vector<sac::RegionProfile> profiles;
+  int64_t plain = 0;
+  at::Tensor h = torch::randn({2, 8, 32}, torch::requires_grad());
+  for (auto& block : blocks) {
+    profiles.push_back(sac::profile([&] { return block->forward(h); }, 1));
+    plain += profiles.back().plain_bytes();
+    h = block->forward(h);
+  }
+  for (int step = 0; step <= 10; ++step) {
+    const double fraction = step / 10.0;
+    SCOPED_TRACE(fraction);
+    const auto plan = sac::budgeted_plan(profiles, sac::Budget::of_plain(fraction));
+    EXPECT_LE(static_cast<double>(plan.budget_bytes), fraction * static_cast<double>(plain));
+    EXPECT_GT(static_cast<double>(plan.budget_bytes + 1), fraction * static_cast<double>(plain));
+    // The same plan as the budget in bytes.
+    const auto in_bytes = sac::budgeted_plan(profiles, sac::Budget::bytes(plan.budget_bytes));
+    EXPECT_EQ(plan.saved_bytes, in_bytes.saved_bytes);
+    EXPECT_EQ(plan.recompute_seconds, in_bytes.recompute_seconds);
+    if (step == 10) {
+      EXPECT_EQ(plan.saved_bytes, plain);
+      EXPECT_EQ(plan.recompute_seconds, 0);
+      for (size_t b = 0; b < blocks.size(); ++b) EXPECT_FALSE(plan.checkpointed[b]) << b;
+    } else {
+      EXPECT_LT(plan.saved_bytes, plain);
+      EXPECT_GT(plan.recompute_seconds, 0);
+    }
+  }
+  const std::string outside = sac_test::error_of([] { sac::Budget::of_plain(1.5); });
+  EXPECT_NE(outside.find("in [0, 1]; got 1.5"), std::string::npos) << outside;
+  // A profile made by hand has no plain bytes to be a fraction of.
+  const sac::RegionProfile by_hand(profiles[0].calls());
+  const std::string unmeasured =
+      sac_test::error_of([&] { sac::budgeted_plan({by_hand}, sac::Budget::of_plain(0.5)); });
+  EXPECT_NE(unmeasured.find("plain_bytes() is -1"), std::string::npos) << unmeasured;
+}
+
 // What a region keeps when it is not checkpointed, as the profile measures
 // it, is what the allocator counts beyond full recomputation's, to the byte.
 TEST_F(Lab, PlainBytesAreWhatNotCheckpointingKeeps) {

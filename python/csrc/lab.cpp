@@ -27,12 +27,15 @@ std::string printed(const Printable& value, Args... args) {
   return out.str();
 }
 
-// Exactly one of the two, as sac::Budget takes it.
-Budget budget_of(std::optional<int64_t> bytes, std::optional<double> fraction) {
-  TORCH_CHECK(bytes.has_value() != fraction.has_value(),
-              "sac: give the budget as bytes=... or as fraction=... (of what saving every "
-              "keepable call keeps), exactly one of them.");
-  return bytes ? Budget::bytes(*bytes) : Budget::fraction(*fraction);
+// Exactly one of the three, as sac::Budget takes it.
+Budget budget_of(std::optional<int64_t> bytes, std::optional<double> of_plain,
+                 std::optional<double> fraction) {
+  TORCH_CHECK(int{bytes.has_value()} + int{of_plain.has_value()} + int{fraction.has_value()} == 1,
+              "sac: give the budget as bytes=..., as of_plain=... (a fraction of what the "
+              "regions keep unchecked) or as fraction=... (of what saving every keepable call "
+              "keeps), exactly one of them.");
+  if (bytes) return Budget::bytes(*bytes);
+  return of_plain ? Budget::of_plain(*of_plain) : Budget::fraction(*fraction);
 }
 
 RegionProfile::SortBy sort_by(const std::string& name) {
@@ -172,20 +175,23 @@ void add_lab(py::module_& m) {
   m.def(
       "budgeted_plan",
       [](const std::vector<RegionProfile>& profiles, std::optional<int64_t> bytes,
-         std::optional<double> fraction, bool unchecked_regions) {
-        return budgeted_plan(profiles, budget_of(bytes, fraction), std::nullopt, unchecked_regions);
+         std::optional<double> of_plain, std::optional<double> fraction, bool unchecked_regions) {
+        return budgeted_plan(profiles, budget_of(bytes, of_plain, fraction), std::nullopt,
+                             unchecked_regions);
       },
       py::arg("profiles"), py::kw_only(), py::arg("bytes") = py::none(),
-      py::arg("fraction") = py::none(), py::arg("unchecked_regions") = true);
+      py::arg("of_plain") = py::none(), py::arg("fraction") = py::none(),
+      py::arg("unchecked_regions") = true);
   m.def(
       "budgeted_policy",
-      [](const RegionProfile& profile, std::optional<int64_t> bytes, std::optional<double> fraction,
-         bool unchecked_regions) {
-        return budgeted_policy(profile, budget_of(bytes, fraction), std::nullopt,
+      [](const RegionProfile& profile, std::optional<int64_t> bytes, std::optional<double> of_plain,
+         std::optional<double> fraction, bool unchecked_regions) {
+        return budgeted_policy(profile, budget_of(bytes, of_plain, fraction), std::nullopt,
                                unchecked_regions);
       },
       py::arg("profile"), py::kw_only(), py::arg("bytes") = py::none(),
-      py::arg("fraction") = py::none(), py::arg("unchecked_regions") = true);
+      py::arg("of_plain") = py::none(), py::arg("fraction") = py::none(),
+      py::arg("unchecked_regions") = true);
 
   py::class_<ExplainedCall>(m, "ExplainedCall", "One call, the policy's answer and its fate.")
       .def_readonly("profile", &ExplainedCall::profile)

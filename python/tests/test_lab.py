@@ -271,6 +271,21 @@ def test_a_plan_is_never_worse_than_not_checkpointing(architecture, counting):
         # recompute (the views and in-place calls the fallback key sees).
         if before.saved_bytes >= profile.plain_bytes and before.recompute_seconds > 1e-9:
             assert plan.recompute_seconds == 0
+    # Budgets stated against not checkpointing: of_plain=1.0 is the plain
+    # step; below it the step keeps less than the plain step, counted.
+    for of_plain in [0.5, 1.0]:
+        plan = sac.budgeted_plan([profile], of_plain=of_plain)
+        assert plan.budget_bytes == int(of_plain * profile.plain_bytes)
+        assert plan.saved_bytes <= plan.budget_bytes
+        got, kept = whole_model_step(model, batch, count=counting,
+                                     context_fn=sac.context_fn(plan.policies[0]))
+        models.assert_identical(got, expected, f"of_plain={of_plain}")
+        if of_plain == 1.0:
+            assert plan.checkpointed == [False] and kept == kept_plain
+        else:
+            assert plan.checkpointed == [True] and kept < kept_plain
+    with pytest.raises(RuntimeError, match="exactly one of them"):
+        sac.budgeted_plan([profile], of_plain=0.5, fraction=0.5)
 
 
 @pytest.mark.parametrize("architecture", [models.gpt2, models.llama, models.bart],

@@ -70,25 +70,44 @@ class UncheckedRule final : public Policy::Rule {
   std::string description_;
 };
 
+double checked_fraction(double fraction, const char* constructor, const char* whole) {
+  TORCH_CHECK(fraction >= 0 && fraction <= 1, "sac::Budget::", constructor,
+              ": expected a fraction of ", whole, ", in [0, 1]; got ", fraction, ".");
+  return fraction;
+}
+
 }  // namespace
 
 Budget Budget::bytes(int64_t bytes) {
   TORCH_CHECK(bytes >= 0, "sac::Budget::bytes: a budget must not be negative; got ", bytes, ".");
-  return Budget(bytes, 0);
+  return Budget(Of::Bytes, bytes, 0);
+}
+
+Budget Budget::of_plain(double fraction) {
+  return Budget(Of::Plain, 0,
+                checked_fraction(fraction, "of_plain", "the bytes the regions keep unchecked"));
 }
 
 Budget Budget::fraction(double fraction) {
-  TORCH_CHECK(fraction >= 0 && fraction <= 1,
-              "sac::Budget::fraction: expected a fraction "
-              "of the bytes everything_saveable() keeps, in [0, 1]; got ",
-              fraction, ".");
-  return Budget(-1, fraction);
+  return Budget(Of::Everything, 0,
+                checked_fraction(fraction, "fraction", "the bytes everything_saveable() keeps"));
 }
 
-int64_t Budget::resolve(int64_t everything) const {
-  return bytes_ >= 0
-             ? bytes_
-             : static_cast<int64_t>(std::floor(fraction_ * static_cast<double>(everything)));
+int64_t Budget::resolve(int64_t plain, int64_t everything) const {
+  const auto part = [&](int64_t whole) {
+    return static_cast<int64_t>(std::floor(fraction_ * static_cast<double>(whole)));
+  };
+  switch (of_) {
+    case Of::Bytes: return bytes_;
+    case Of::Plain:
+      TORCH_CHECK(plain >= 0,
+                  "sac::Budget::of_plain: a profile did not measure what its region keeps "
+                  "unchecked (RegionProfile::plain_bytes() is -1: a profile made by hand). "
+                  "Profile each region with sac::profile, or give the budget in bytes.");
+      return part(plain);
+    case Of::Everything: return part(everything);
+  }
+  TORCH_INTERNAL_ASSERT(false, "sac::Budget: unknown kind");
 }
 
 double measure_offload_bandwidth(c10::Device device, int64_t bytes) {
@@ -125,7 +144,9 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
   constexpr size_t kNoItem = static_cast<size_t>(-1);
   std::vector<size_t> unchecked_item(profiles.size(), kNoItem);
   int64_t everything = 0;
+  int64_t plain = 0;
   for (size_t p = 0; p < profiles.size(); ++p) {
+    plain = plain < 0 || profiles[p].plain_bytes() < 0 ? -1 : plain + profiles[p].plain_bytes();
     const int group = static_cast<int>(p);
     // What a checkpoint of the region costs with nothing kept: the
     // recomputation of every call before its stop, or the trip of those
@@ -158,7 +179,7 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
     }
   }
   BudgetedPlan plan;
-  plan.budget_bytes = budget.resolve(everything);
+  plan.budget_bytes = budget.resolve(plain, everything);
   const auto start = std::chrono::steady_clock::now();
   const lab::Choice choice = lab::solve_knapsack(items, plan.budget_bytes);
   plan.solver_seconds =

@@ -47,23 +47,31 @@
 
 namespace sac {
 
-// A byte budget, absolute or as a fraction of what saving every cacheable
-// call keeps.
+// A byte budget: absolute, or a fraction of what the regions keep not
+// checkpointed, or of what saving every cacheable call keeps.
 class Budget {
  public:
   static Budget bytes(int64_t bytes);
+  // `fraction` in [0, 1] of what the regions keep unchecked (the sum of
+  // their profiles' plain_bytes): the step without checkpointing keeps 1.0,
+  // and a plan at 1.0 leaves every region unchecked where it may. Every
+  // profile must have measured its plain bytes (sac::profile does).
+  static Budget of_plain(double fraction);
   // `fraction` in [0, 1] of the profiles' keepable bytes (what
-  // everything_saveable() keeps).
+  // everything_saveable() keeps, 1.6 to 1.9 times the plain bytes on
+  // Hugging Face's models).
   static Budget fraction(double fraction);
 
-  // The budget in bytes for regions that keep `everything` when every
-  // keepable call is saved.
-  int64_t resolve(int64_t everything) const;
+  // The budget in bytes for regions that keep `plain` unchecked (-1: not
+  // measured) and `everything` when every keepable call is saved.
+  int64_t resolve(int64_t plain, int64_t everything) const;
 
  private:
-  Budget(int64_t bytes, double fraction) : bytes_(bytes), fraction_(fraction) {}
+  enum class Of { Bytes, Plain, Everything };
+  Budget(Of of, int64_t bytes, double fraction) : of_(of), bytes_(bytes), fraction_(fraction) {}
+  Of of_;
   int64_t bytes_;
-  double fraction_;  // used when bytes_ < 0
+  double fraction_;
 };
 
 // Offload as a choice, for calls whose outputs are on an accelerator: moving
