@@ -47,7 +47,7 @@ class Floor {
  public:
   explicit Floor(const c10::OperatorName& op) {
     const auto mechanism = mechanism_from_environment();
-    const c10::DispatchKey key = sac::dispatch::interception_key(mechanism);
+    const c10::DispatchKey key = sac::detail::interception_key(mechanism);
     auto& dispatcher = c10::Dispatcher::singleton();
     if (mechanism == sac::dispatch::Mechanism::PerOpKernels) {
       TORCH_CHECK(key == c10::DispatchKey::ADInplaceOrView,

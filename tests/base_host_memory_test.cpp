@@ -13,7 +13,7 @@
 
 namespace base_host_memory_test {
 
-class FakeDevice final : public sac::DeviceOps {
+class FakeDevice final : public sac::detail::DeviceOps {
  public:
   bool on_device(const at::Tensor& t) const override { return t.is_cpu(); }
   c10::Stream current_stream(c10::Device) override { return stream(0); }
@@ -75,13 +75,13 @@ using Calls = std::vector<std::string>;
 sac::CheckpointOptions offload_mm_to(const std::shared_ptr<FakeDevice>& fake) {
   return sac::CheckpointOptions()
       .policy(sac::Policy::answer_ops({"aten::mm"}, sac::CheckpointPolicy::MustCpuOffload))
-      .offload_to(sac::host_memory(fake));
+      .offload_to(sac::detail::host_memory(fake));
 }
 
 TEST(DeviceOrder, ACopyOutWaitsForTheTensorsMakerAndHoldsItsMemoryUntilRead) {
   sac_test::expect_configured_mechanism();
   auto fake = std::make_shared<FakeDevice>();
-  const auto target = sac::host_memory(fake);
+  const auto target = sac::detail::host_memory(fake);
   const auto t = torch::randn({3, 4});
   const auto copy = target->copy_out(t);
   EXPECT_EQ(fake->calls, (Calls{"mark current", "to_host waits for current's mark", "alloc pinned",
@@ -97,7 +97,7 @@ TEST(DeviceOrder, ACopyOutWaitsForTheTensorsMakerAndHoldsItsMemoryUntilRead) {
 TEST(DeviceOrder, ACopyBackIsAllocatedOnItsOwnStreamAndHandedToTheCurrentOne) {
   sac_test::expect_configured_mechanism();
   auto fake = std::make_shared<FakeDevice>();
-  const auto target = sac::host_memory(fake);
+  const auto target = sac::detail::host_memory(fake);
   const auto copy = target->copy_out(torch::randn({3, 4}));
   fake->calls.clear();
   const auto back = target->copy_back(copy, sac::CopyTarget::Origin::of(copy));
@@ -125,7 +125,7 @@ TEST(DeviceOrder, BroadcastAndGappedViewsCrossAsTheirElements) {
   auto fake = std::make_shared<FakeDevice>();
   at::Tensor y;
   {
-    sac::OffloadGuard offload(sac::OffloadOptions().target(sac::host_memory(fake)));
+    sac::OffloadGuard offload(sac::OffloadOptions().target(sac::detail::host_memory(fake)));
     y = f();
   }
   // Saved: x and e by the first mul (e: its 4 distinct elements), g by sin
@@ -152,7 +152,7 @@ TEST(DeviceOrder, APermutedOutputOffloadedByAPolicyComesBackWithItsStrides) {
   const auto options =
       sac::CheckpointOptions()
           .policy(sac::Policy::answer_ops({"aten::sin"}, sac::CheckpointPolicy::MustCpuOffload))
-          .offload_to(sac::host_memory(fake));
+          .offload_to(sac::detail::host_memory(fake));
   auto y = sac::checkpoint(options, f, x);
   EXPECT_EQ(fake->host_bytes, 4 * 9 * 4);
   sac_test::expect_bit_identical(expected, torch::autograd::grad({y}, {x}));

@@ -19,7 +19,8 @@ namespace {
 const void* address(size_t i) { return reinterpret_cast<const void*>(0x10000 + 0x90 * i); }
 
 template <class V>
-void expect_same(sac::PointerMap<V>& map, const std::map<const void*, V>& reference, size_t keys) {
+void expect_same(sac::detail::PointerMap<V>& map, const std::map<const void*, V>& reference,
+                 size_t keys) {
   ASSERT_EQ(map.size(), reference.size());
   for (size_t i = 0; i < keys; ++i) {
     const auto it = reference.find(address(i));
@@ -45,7 +46,7 @@ template <class V, class Make>
 void random_edits(Make make) {
   constexpr size_t kKeys = 3000;
   std::mt19937 random(7);
-  sac::PointerMap<V> map;
+  sac::detail::PointerMap<V> map;
   std::map<const void*, V> reference;
   for (int round = 0; round < 20000; ++round) {
     const size_t i = random() % kKeys;
@@ -81,7 +82,7 @@ TEST(PointerMap, MatchesStdMapThroughInsertsAndErases) {
 }
 
 TEST(PointerMap, ValuesKeptApartDoNotMoveWhenTheTableGrows) {
-  sac::PointerMap<std::string> map;
+  sac::detail::PointerMap<std::string> map;
   std::string* first = &map[address(0)];
   *first = "first";
   for (size_t i = 1; i < 1000; ++i) {
@@ -92,7 +93,7 @@ TEST(PointerMap, ValuesKeptApartDoNotMoveWhenTheTableGrows) {
 }
 
 TEST(StableVector, ElementsStayPutAndKeepTheirOrder) {
-  sac::StableVector<std::unique_ptr<int>> vector;
+  sac::detail::StableVector<std::unique_ptr<int>> vector;
   std::vector<std::unique_ptr<int>*> where;
   for (int i = 0; i < 5000; ++i) {
     where.push_back(&vector.emplace_back(std::make_unique<int>(i)));

@@ -24,7 +24,7 @@ std::vector<c10::IValue> all_reduce_args(const at::Tensor& t, const std::string&
 TEST(CollectiveLedger, AcceptsTheForwardsCallsInOrderAndEarlyStopsShort) {
   const auto all_reduce = op_named("_c10d_functional::all_reduce");
   const auto all_gather = op_named("_c10d_functional::all_gather_into_tensor");
-  sac::CollectiveLedger ledger;
+  sac::detail::CollectiveLedger ledger;
   ledger.note(all_reduce, all_reduce_args(torch::ones({2, 3}), "sum", "g"));
   ledger.note(all_gather, {torch::ones({4}), int64_t{2}, std::string("g")});
   ledger.note(all_reduce, all_reduce_args(torch::ones({5}), "max", "g"));
@@ -40,7 +40,7 @@ TEST(CollectiveLedger, AcceptsTheForwardsCallsInOrderAndEarlyStopsShort) {
 
 TEST(CollectiveLedger, RefusesAnotherShapeDtypeReductionOrGroup) {
   const auto all_reduce = op_named("_c10d_functional::all_reduce");
-  sac::CollectiveLedger ledger;
+  sac::detail::CollectiveLedger ledger;
   ledger.note(all_reduce, all_reduce_args(torch::ones({2, 3}), "sum", "g"));
   const auto refused = [&](const std::vector<c10::IValue>& args) {
     return error_of([&] { ledger.check(all_reduce, 0, args); });
@@ -63,7 +63,7 @@ TEST(CollectiveLedger, RefusesAnotherShapeDtypeReductionOrGroup) {
 TEST(CollectiveLedger, RefusesACallTheForwardNeverMade) {
   const auto all_reduce = op_named("_c10d_functional::all_reduce");
   const auto all_gather = op_named("_c10d_functional::all_gather_into_tensor");
-  sac::CollectiveLedger ledger;
+  sac::detail::CollectiveLedger ledger;
   ledger.note(all_reduce, all_reduce_args(torch::ones({2}), "sum", "g"));
   const std::string extra =
       error_of([&] { ledger.check(all_reduce, 1, all_reduce_args(torch::ones({2}), "sum", "g")); });
@@ -81,15 +81,15 @@ TEST(CollectiveLedger, RefusesACallTheForwardNeverMade) {
 }
 
 TEST(CollectiveLedger, OnlyCommunicatingFunctionalCollectivesAreTracked) {
-  EXPECT_TRUE(sac::policy::issues_collective(op_named("_c10d_functional::all_reduce")));
-  EXPECT_TRUE(sac::policy::issues_collective(op_named("_c10d_functional::all_reduce_")));
-  EXPECT_TRUE(sac::policy::issues_collective(
+  EXPECT_TRUE(sac::detail::issues_collective(op_named("_c10d_functional::all_reduce")));
+  EXPECT_TRUE(sac::detail::issues_collective(op_named("_c10d_functional::all_reduce_")));
+  EXPECT_TRUE(sac::detail::issues_collective(
       op_named("_c10d_functional_autograd::all_gather_into_tensor")));
-  EXPECT_FALSE(sac::policy::issues_collective(op_named("_c10d_functional::wait_tensor")));
-  EXPECT_FALSE(sac::policy::issues_collective(op_named("aten::mm")));
-  EXPECT_TRUE(sac::policy::is_collective(op_named("_c10d_functional::wait_tensor")));
+  EXPECT_FALSE(sac::detail::issues_collective(op_named("_c10d_functional::wait_tensor")));
+  EXPECT_FALSE(sac::detail::issues_collective(op_named("aten::mm")));
+  EXPECT_TRUE(sac::detail::is_collective(op_named("_c10d_functional::wait_tensor")));
   EXPECT_TRUE(
-      sac::policy::is_collective(op_named("_c10d_functional_autograd::reduce_scatter_tensor")));
+      sac::detail::is_collective(op_named("_c10d_functional_autograd::reduce_scatter_tensor")));
 }
 
 }  // namespace cache_collective_ledger_test

@@ -224,7 +224,7 @@ TEST_F(Statistics, WithoutAPolicyAreAnError) {
 
 // A CheckpointRegion guard with a policy counts the same as sac::checkpoint.
 TEST_F(Statistics, CountTheRegionGuard) {
-  if (!sac::dispatch::observers_see_every_op()) {
+  if (!sac::detail::observers_see_every_op()) {
     GTEST_SKIP() << "CheckpointRegion needs the fallback-key mechanism";
   }
   auto by_call = std::make_shared<sac::RegionStatistics>();

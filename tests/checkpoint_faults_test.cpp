@@ -102,7 +102,7 @@ std::string thrown(const std::function<void()>& f) {
 
 // Nothing of sac is left on this thread.
 void expect_clean_thread_state() {
-  EXPECT_EQ(sac::dispatch::active_interceptor(), nullptr) << "an interceptor is still active";
+  EXPECT_EQ(sac::detail::active_interceptor(), nullptr) << "an interceptor is still active";
   EXPECT_FALSE(c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::Fake))
       << "the Fake key is still in the thread's included set";
   EXPECT_TRUE(c10::GradMode::is_enabled()) << "grad mode left disabled";

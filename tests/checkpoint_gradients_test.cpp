@@ -32,7 +32,7 @@ std::string name_of(PolicyKind kind) {
 // Options for `kind`; `saved` (if given) receives the cache of the
 // selective modes so tests can see that the policy saved something.
 sac::CheckpointOptions options_for(PolicyKind kind,
-                                   std::shared_ptr<sac::OpCache>* saved = nullptr) {
+                                   std::shared_ptr<sac::detail::OpCache>* saved = nullptr) {
   std::optional<sac::Policy> policy;
   switch (kind) {
     case PolicyKind::FullRecompute: return {};
@@ -63,7 +63,7 @@ sac::CheckpointOptions options_for(PolicyKind kind,
   }
   auto modes = sac::create_selective_checkpoint_contexts(*policy);
   if (saved != nullptr) {
-    *saved = sac::cache_of(modes);
+    *saved = sac::detail::cache_of(modes);
   }
   return sac::CheckpointOptions().context_fn([modes] { return sac::RegionContexts(modes); });
 }
@@ -79,7 +79,7 @@ TEST_P(Gradients, MlpBitIdentical) {
   auto x = torch::randn({8, 32}, torch::requires_grad());
   const auto params = mlp->parameters();
   const auto expected = run_and_grad([&] { return mlp->forward(x); }, {x}, params);
-  std::shared_ptr<sac::OpCache> cache;
+  std::shared_ptr<sac::detail::OpCache> cache;
   const auto options = options_for(GetParam(), &cache);
   const auto actual = run_and_grad(
       [&] {
@@ -100,7 +100,7 @@ TEST_P(Gradients, GptBlockBitIdentical) {
   auto x = torch::randn({2, 16, 32}, torch::requires_grad());
   const auto params = block->parameters();
   const auto expected = run_and_grad([&] { return block->forward(x); }, {x}, params);
-  std::shared_ptr<sac::OpCache> cache;
+  std::shared_ptr<sac::detail::OpCache> cache;
   const auto options = options_for(GetParam(), &cache);
   const auto actual = run_and_grad(
       [&] {
@@ -161,8 +161,8 @@ TEST(HiddenAliases, InPlaceBiasThroughUnsafeViewIsNotServed) {
   const auto actual = sac_test::run_and_grad(
       [&] {
         auto y = sac::checkpoint(options, f, x);
-        EXPECT_EQ(sac::cache_of(modes)->kept_calls(), 0u);
-        EXPECT_EQ(sac::cache_of(modes)->demoted_calls(), 1u);
+        EXPECT_EQ(sac::detail::cache_of(modes)->kept_calls(), 0u);
+        EXPECT_EQ(sac::detail::cache_of(modes)->demoted_calls(), 1u);
         return y;
       },
       {x}, params);
@@ -193,7 +193,7 @@ TEST(HiddenAliases, InputOfACachedAliasModifiedInPlaceIsNotServed) {
   const auto actual = sac_test::run_and_grad(
       [&] {
         auto y = sac::checkpoint(options, f, x);
-        EXPECT_EQ(sac::cache_of(modes)->demoted_calls(), 1u);
+        EXPECT_EQ(sac::detail::cache_of(modes)->demoted_calls(), 1u);
         return y;
       },
       {x}, {w});
@@ -222,14 +222,14 @@ TEST(HiddenAliases, DemotionWarningNamesBothOps) {
   const auto actual = sac_test::run_and_grad(
       [&] {
         auto y = sac::checkpoint(options, f, x);
-        EXPECT_EQ(sac::cache_of(modes)->demoted_calls(), 1u);
+        EXPECT_EQ(sac::detail::cache_of(modes)->demoted_calls(), 1u);
         return y;
       },
       {x}, {});
   sac_test::expect_bit_identical(expected, actual);
   // Released after its backward, the cache is as new: no demotion left over.
-  EXPECT_TRUE(sac::cache_of(modes)->empty());
-  EXPECT_EQ(sac::cache_of(modes)->demoted_calls(), 0u);
+  EXPECT_TRUE(sac::detail::cache_of(modes)->empty());
+  EXPECT_EQ(sac::detail::cache_of(modes)->demoted_calls(), 0u);
   const std::string writer = sac::dispatch::mechanism() == sac::dispatch::Mechanism::FallbackKey
                                  ? "modified in place by aten::clamp_"
                                  : "SAC_DISPATCH=fallback names it";

@@ -71,24 +71,24 @@ TEST_F(Memory, SaveMatmulsKeepsExactlyTheMatmulOutputs) {
   {
     auto y = sac::checkpoint(options, forward(), x);
     const int64_t matmul_outputs = 3 * kBatch * kHidden * kFloat + kBatch * kOut * kFloat;
-    EXPECT_EQ(static_cast<int64_t>(sac::cache_of(modes)->bytes()), matmul_outputs);
-    EXPECT_EQ(sac::cache_of(modes)->kept_calls(), 4u);
+    EXPECT_EQ(static_cast<int64_t>(sac::detail::cache_of(modes)->bytes()), matmul_outputs);
+    EXPECT_EQ(sac::detail::cache_of(modes)->kept_calls(), 4u);
     EXPECT_EQ(CountingAllocator::live_bytes() - base, matmul_outputs);
     auto grads = torch::autograd::grad({y.sum()}, {x});
     // Backward consumed the cache, and freed the graph: early stop never
     // needed the last addmm's output, which went with the graph.
-    EXPECT_EQ(sac::cache_of(modes)->bytes(), 0u);
-    EXPECT_EQ(sac::cache_of(modes)->kept_calls(), 0u);
+    EXPECT_EQ(sac::detail::cache_of(modes)->bytes(), 0u);
+    EXPECT_EQ(sac::detail::cache_of(modes)->kept_calls(), 0u);
   }
   EXPECT_EQ(CountingAllocator::live_bytes(), base);
 }
 
 TEST_F(Memory, DroppingASelectiveGraphWithoutBackwardFreesTheCache) {
   const int64_t base = CountingAllocator::live_bytes();
-  std::weak_ptr<sac::OpCache> cache;
+  std::weak_ptr<sac::detail::OpCache> cache;
   {
     auto modes = sac::create_selective_checkpoint_contexts(sac::Policy::save_ops({"aten::addmm"}));
-    cache = sac::cache_of(modes);
+    cache = sac::detail::cache_of(modes);
     auto options =
         sac::CheckpointOptions().context_fn([modes] { return sac::RegionContexts(modes); });
     auto y = sac::checkpoint(options, forward(), x);
@@ -111,11 +111,11 @@ TEST_F(Memory, GptBlockKeepsOutputAndCacheOnly) {
       sac::CheckpointOptions().context_fn([modes] { return sac::RegionContexts(modes); });
   {
     auto y = sac::checkpoint(options, run, input);
-    EXPECT_GT(sac::cache_of(modes)->bytes(), 0u);
+    EXPECT_GT(sac::detail::cache_of(modes)->bytes(), 0u);
     EXPECT_EQ(CountingAllocator::live_bytes() - base,
-              static_cast<int64_t>(y.storage().nbytes() + sac::cache_of(modes)->bytes()));
+              static_cast<int64_t>(y.storage().nbytes() + sac::detail::cache_of(modes)->bytes()));
     torch::autograd::grad({y.sum()}, {input});
-    EXPECT_EQ(sac::cache_of(modes)->bytes(), 0u);
+    EXPECT_EQ(sac::detail::cache_of(modes)->bytes(), 0u);
   }
   EXPECT_EQ(CountingAllocator::live_bytes(), base);
 }

@@ -19,7 +19,7 @@ using sac_test::expect_bit_identical;
 // Under per-op kernels the guard refuses to start, saying what to use.
 bool region_available() {
   sac_test::expect_configured_mechanism();
-  if (sac::dispatch::observers_see_every_op()) {
+  if (sac::detail::observers_see_every_op()) {
     return true;
   }
   const auto message = error_of([] { sac::CheckpointRegion region; });

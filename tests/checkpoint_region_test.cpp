@@ -19,7 +19,7 @@ using sac_test::run_and_grad;
 // the error instead.
 bool region_available() {
   sac_test::expect_configured_mechanism();
-  return sac::dispatch::observers_see_every_op();
+  return sac::detail::observers_see_every_op();
 }
 
 #define REQUIRE_REGION()                                                                      \
@@ -389,7 +389,7 @@ TEST(Region, ATraceInsideIsRefusedAsOne) {
       << message;
   EXPECT_NE(message.find("as part of a trace"), std::string::npos) << message;
   EXPECT_NE(message.find("torch.compile is not supported inside it"), std::string::npos) << message;
-  EXPECT_EQ(sac::dispatch::active_interceptor(), nullptr);
+  EXPECT_EQ(sac::detail::active_interceptor(), nullptr);
 }
 
 // An exception inside the region: nothing stays active on the thread, the
@@ -409,7 +409,7 @@ TEST(Region, ExceptionLeavesNoStateAndNoMemory) {
         (void)h.mm(torch::ones({3, 3}));  // shapes do not match
       },
       c10::Error);
-  EXPECT_EQ(sac::dispatch::active_interceptor(), nullptr);
+  EXPECT_EQ(sac::detail::active_interceptor(), nullptr);
   const auto message = error_of([&] { escaped.sum().backward(); });
   EXPECT_NE(message.find("ended with an exception"), std::string::npos) << message;
   escaped.reset();
@@ -468,13 +468,13 @@ TEST(Region, EarlyStopEndsTheReplayAtTheLastSavedTensor) {
   REQUIRE_REGION();
   auto x = torch::randn({8}, torch::requires_grad());
   auto replayed_calls = [&](bool early_stop) {
-    std::shared_ptr<sac::OpCache> cache;
+    std::shared_ptr<sac::detail::OpCache> cache;
     auto stats = std::make_shared<sac::RegionStatistics>();
     auto options = sac::CheckpointOptions()
                        .context_fn([&cache, stats] {
                          auto contexts = sac::create_selective_checkpoint_contexts(
                              sac::everything_saveable(), false, nullptr, stats);
-                         cache = sac::cache_of(contexts);
+                         cache = sac::detail::cache_of(contexts);
                          return sac::RegionContexts(contexts);
                        })
                        .early_stop(early_stop);
@@ -580,14 +580,14 @@ TEST_F(RegionMemory, SaveMatmulsKeepsExactlyTheMatmulOutputs) {
   {
     auto y = in_region(options, [&] { return mlp->forward(x); });
     const int64_t matmul_outputs = (3 * 8 * 64 + 8 * 16) * 4;
-    EXPECT_EQ(static_cast<int64_t>(sac::cache_of(modes)->bytes()), matmul_outputs);
+    EXPECT_EQ(static_cast<int64_t>(sac::detail::cache_of(modes)->bytes()), matmul_outputs);
     EXPECT_EQ(live() - base, matmul_outputs);
     auto same = sac::checkpoint(
         sac::CheckpointOptions().policy(sac::Policy::save_ops({"aten::addmm"})),
         [&](const at::Tensor& in) { return mlp->forward(in); }, x);
     EXPECT_EQ(live() - base, 2 * matmul_outputs) << "sac::checkpoint keeps as much";
     torch::autograd::grad({y.sum()}, {x});
-    EXPECT_EQ(sac::cache_of(modes)->bytes(), 0u);
+    EXPECT_EQ(sac::detail::cache_of(modes)->bytes(), 0u);
   }
   EXPECT_EQ(live(), base);
 }

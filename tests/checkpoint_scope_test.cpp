@@ -97,7 +97,7 @@ TEST_F(Scope, ThreadLocal) {
 
 // A region guard made without options takes the scope's.
 TEST_F(Scope, RegionsWithoutOptionsUseTheScopes) {
-  if (!sac::dispatch::observers_see_every_op()) {
+  if (!sac::detail::observers_see_every_op()) {
     GTEST_SKIP() << "sac::CheckpointRegion needs the fallback key";
   }
   CountingPolicy policy;

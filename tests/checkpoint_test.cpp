@@ -292,7 +292,7 @@ TEST_F(Checkpoint, ExceptionInTheFunctionLeavesNoState) {
                    },
                    x),
                c10::Error);
-  EXPECT_EQ(sac::dispatch::active_interceptor(), nullptr);
+  EXPECT_EQ(sac::detail::active_interceptor(), nullptr);
   // Saved-tensor hooks are gone: plain autograd saves and unpacks as usual.
   EXPECT_TRUE(torch::equal(plain_grad(), before));
 }

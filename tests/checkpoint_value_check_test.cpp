@@ -97,7 +97,7 @@ std::string name_of(Entry entry) {
 std::vector<Entry> entries() {
   sac_test::expect_configured_mechanism();
   std::vector<Entry> out{Entry::Function, Entry::Wrapper, Entry::Applied};
-  if (sac::dispatch::observers_see_every_op()) {
+  if (sac::detail::observers_see_every_op()) {
     out.push_back(Entry::Region);
   }
   return out;

@@ -60,7 +60,7 @@ TEST(C10Contract, FakeKeyIsFree) {
   // sac's fallback takes DispatchKey::Fake (c10 reserves it "for C++
   // FakeTensor mode"): nothing else may have a fallback or a kernel there.
   std::string reason;
-  EXPECT_TRUE(sac::dispatch::fallback_key_available(&reason)) << CONTRACT("Fake key") << reason;
+  EXPECT_TRUE(sac::detail::fallback_key_available(&reason)) << CONTRACT("Fake key") << reason;
   EXPECT_TRUE(
       c10::Dispatcher::singleton().getAllOpNamesForDispatchKey(c10::DispatchKey::Fake).empty())
       << CONTRACT("Fake key") << "ops have kernels on DispatchKey::Fake";
@@ -137,7 +137,7 @@ TEST(C10Contract, FactoryOpsMatchTheRegisteredSchemas) {
     }
     const bool like = name.name.size() > 5 && name.name.substr(name.name.size() - 5) == "_like";
     if ((like || !takes_a_tensor) && methods_only.count(name.name) == 0) {
-      if (!sac::dispatch::per_op_kernels_miss(op)) {
+      if (!sac::detail::per_op_kernels_miss(op)) {
         ADD_FAILURE() << CONTRACT("Factory ops") << name.name << "." << name.overload_name
                       << " takes TensorOptions: add it to sac/dispatch/factory_ops.cpp";
       }
@@ -145,7 +145,7 @@ TEST(C10Contract, FactoryOpsMatchTheRegisteredSchemas) {
     }
   }
   EXPECT_GT(factories.size(), 30u) << CONTRACT("Factory ops") << "the rule found too few";
-  for (const char* listed : sac::dispatch::listed_factory_ops()) {
+  for (const char* listed : sac::detail::listed_factory_ops()) {
     EXPECT_TRUE(with_dtype.count(listed) == 1)
         << CONTRACT("Factory ops") << listed
         << " is listed in sac/dispatch/factory_ops.cpp but has no overload with a dtype";
@@ -231,14 +231,18 @@ TEST(C10Contract, VersionCounterIsOneSharedPointer) {
   at::Tensor a = torch::ones({4});
   at::Tensor view = a.narrow(0, 1, 2);
   at::Tensor other = torch::ones({4});
-  const void* identity = sac::version_counter_identity(a.unsafeGetTensorImpl()->version_counter());
+  const void* identity =
+      sac::detail::version_counter_identity(a.unsafeGetTensorImpl()->version_counter());
   EXPECT_NE(identity, nullptr) << CONTRACT("Version counter");
-  EXPECT_EQ(identity, sac::version_counter_identity(view.unsafeGetTensorImpl()->version_counter()))
+  EXPECT_EQ(identity,
+            sac::detail::version_counter_identity(view.unsafeGetTensorImpl()->version_counter()))
       << CONTRACT("Version counter") << "a view's counter reads as another";
-  EXPECT_NE(identity, sac::version_counter_identity(other.unsafeGetTensorImpl()->version_counter()))
+  EXPECT_NE(identity,
+            sac::detail::version_counter_identity(other.unsafeGetTensorImpl()->version_counter()))
       << CONTRACT("Version counter") << "two tensors' counters read as one";
   view.add_(1);
-  EXPECT_EQ(identity, sac::version_counter_identity(a.unsafeGetTensorImpl()->version_counter()))
+  EXPECT_EQ(identity,
+            sac::detail::version_counter_identity(a.unsafeGetTensorImpl()->version_counter()))
       << CONTRACT("Version counter") << "a bump moved the identity";
   EXPECT_EQ(a._version(), 1) << CONTRACT("Version counter");
 }

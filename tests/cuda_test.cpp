@@ -67,7 +67,7 @@ TEST(Cuda, DropoutGradientsBitIdenticalUnderSelectiveCheckpoint) {
 // generator (the guard has no inputs to take devices from).
 TEST(Cuda, DropoutGradientsBitIdenticalUnderRegionGuard) {
   SKIP_WITHOUT_CUDA();
-  if (!sac::dispatch::observers_see_every_op()) {
+  if (!sac::detail::observers_see_every_op()) {
     GTEST_SKIP() << "sac::CheckpointRegion needs the fallback key";
   }
   auto block = gpt_block_on(torch::kCUDA);
@@ -151,7 +151,7 @@ TEST(Cuda, RegionsOnANonCurrentDeviceReplayItsGenerator) {
   const c10::DeviceGuard current(torch::Device(torch::kCUDA, 0));
   sac_test::expect_bit_identical(
       expected, sac_test::run_and_grad([&] { return sac::checkpoint(run, x); }, {x}, params));
-  if (sac::dispatch::observers_see_every_op()) {
+  if (sac::detail::observers_see_every_op()) {
     sac_test::expect_bit_identical(expected, sac_test::run_and_grad(
                                                  [&] {
                                                    sac::CheckpointRegion region;

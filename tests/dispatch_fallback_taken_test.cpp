@@ -20,7 +20,7 @@ TEST(FallbackKeyTaken, ForcingTheFallbackIsAnErrorAndAutoUsesPerOpKernels) {
       c10::DispatchKey::Fake, c10::KernelFunction::makeFromBoxedFunction<&someone_elses_fallback>(),
       "another library");
   std::string reason;
-  EXPECT_FALSE(sac::dispatch::fallback_key_available(&reason));
+  EXPECT_FALSE(sac::detail::fallback_key_available(&reason));
   EXPECT_NE(reason.find("already registers a fallback"), std::string::npos) << reason;
 
   const auto message = sac_test::error_of(
@@ -40,7 +40,7 @@ TEST(FallbackKeyTaken, ForcingTheFallbackIsAnErrorAndAutoUsesPerOpKernels) {
   auto modes = sac::create_selective_checkpoint_contexts(sac::Policy::save_ops({"aten::mm"}));
   auto y = sac::checkpoint(
       sac::CheckpointOptions().context_fn([modes] { return sac::RegionContexts(modes); }), f, x);
-  EXPECT_EQ(sac::cache_of(modes)->kept_calls(), 2u);
+  EXPECT_EQ(sac::detail::cache_of(modes)->kept_calls(), 2u);
   EXPECT_TRUE(torch::equal(expected, torch::autograd::grad({y.sum()}, {w})[0]));
 }
 

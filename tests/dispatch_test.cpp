@@ -35,12 +35,12 @@ size_t count_of(const std::vector<std::string>& names, const std::string& name) 
 }
 
 // Records the name of each op it sees, then runs it.
-class Recorder : public sac::dispatch::OpInterceptor {
+class Recorder : public sac::detail::OpInterceptor {
  public:
   void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
                  torch::jit::Stack* stack) override {
     names.push_back(c10::toString(op.operator_name()));
-    sac::dispatch::run_op(op, below, stack);
+    sac::detail::run_op(op, below, stack);
   }
   std::vector<std::string> names;
 };
@@ -48,7 +48,7 @@ class Recorder : public sac::dispatch::OpInterceptor {
 // Makes sure the ops the tests call are intercepted with either mechanism.
 void intercept_test_ops() {
   const std::vector<c10::OperatorHandle> ops{op_of("aten::mm"), op_of("aten::add", "Tensor")};
-  sac::dispatch::intercept_ops(ops);
+  sac::detail::intercept_ops(ops);
 }
 
 struct Operands {
@@ -65,10 +65,10 @@ class DispatchTest : public ::testing::Test {
   void SetUp() override {
     sac_test::expect_configured_mechanism();
     intercept_test_ops();
-    ASSERT_EQ(sac::dispatch::active_interceptor(), nullptr) << "left active by an earlier test";
+    ASSERT_EQ(sac::detail::active_interceptor(), nullptr) << "left active by an earlier test";
   }
   void TearDown() override {
-    EXPECT_EQ(sac::dispatch::active_interceptor(), nullptr);
+    EXPECT_EQ(sac::detail::active_interceptor(), nullptr);
     EXPECT_FALSE(c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::Fake));
   }
 };
@@ -96,14 +96,14 @@ TEST_F(DispatchTest, MechanismNamesDescribeThePlacement) {
 // SAC_DISPATCH=fallback) does not make it unavailable.
 TEST_F(DispatchTest, FallbackKeyIsAvailable) {
   std::string reason;
-  EXPECT_TRUE(sac::dispatch::fallback_key_available(&reason)) << reason;
-  EXPECT_TRUE(sac::dispatch::fallback_key_available());
+  EXPECT_TRUE(sac::detail::fallback_key_available(&reason)) << reason;
+  EXPECT_TRUE(sac::detail::fallback_key_available());
 }
 
 TEST_F(DispatchTest, SwitchingMechanismAfterInterceptionThrows) {
   {
     Recorder recorder;
-    sac::dispatch::InterceptorGuard guard(&recorder);  // interception is in use now
+    sac::detail::InterceptorGuard guard(&recorder);  // interception is in use now
   }
   const Mechanism current = sac::dispatch::mechanism();
   const Mechanism other =
@@ -128,8 +128,8 @@ TEST_F(DispatchTest, InterceptorSeesOpsBelowAutograd) {
   Recorder recorder;
   at::Tensor y;
   {
-    sac::dispatch::InterceptorGuard guard(&recorder);
-    EXPECT_EQ(sac::dispatch::active_interceptor(), &recorder);
+    sac::detail::InterceptorGuard guard(&recorder);
+    EXPECT_EQ(sac::detail::active_interceptor(), &recorder);
     y = a.mm(b);
   }
   EXPECT_EQ(count_of(recorder.names, "aten::mm"), 1u);
@@ -143,10 +143,10 @@ TEST_F(DispatchTest, NothingIsRecordedWithoutAnActiveInterceptor) {
   const at::Tensor& a = ab.a;
   const at::Tensor& b = ab.b;
   Recorder recorder;
-  { sac::dispatch::InterceptorGuard guard(&recorder); }
+  { sac::detail::InterceptorGuard guard(&recorder); }
   a.mm(b).add(1);
   EXPECT_TRUE(recorder.names.empty());
-  EXPECT_EQ(sac::dispatch::active_interceptor(), nullptr);
+  EXPECT_EQ(sac::detail::active_interceptor(), nullptr);
 }
 
 TEST_F(DispatchTest, PushAndPopInterceptor) {
@@ -154,32 +154,32 @@ TEST_F(DispatchTest, PushAndPopInterceptor) {
   const at::Tensor& a = ab.a;
   const at::Tensor& b = ab.b;
   Recorder recorder;
-  const auto token = sac::dispatch::push_interceptor(&recorder);
+  const auto token = sac::detail::push_interceptor(&recorder);
   EXPECT_EQ(token.previous, nullptr);
-  EXPECT_EQ(sac::dispatch::active_interceptor(), &recorder);
+  EXPECT_EQ(sac::detail::active_interceptor(), &recorder);
   a.mm(b);
-  sac::dispatch::pop_interceptor(token);
-  EXPECT_EQ(sac::dispatch::active_interceptor(), nullptr);
+  sac::detail::pop_interceptor(token);
+  EXPECT_EQ(sac::detail::active_interceptor(), nullptr);
   a.mm(b);
   EXPECT_EQ(count_of(recorder.names, "aten::mm"), 1u);
 }
 
 // Calls aten::add on its first argument while it handles an op, and looks at
 // the active interceptor from inside.
-class NestingRecorder : public sac::dispatch::OpInterceptor {
+class NestingRecorder : public sac::detail::OpInterceptor {
  public:
   void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
                  torch::jit::Stack* stack) override {
     names.push_back(c10::toString(op.operator_name()));
-    active_inside.push_back(sac::dispatch::active_interceptor());
+    active_inside.push_back(sac::detail::active_interceptor());
     const auto args = torch::jit::last(*stack, op.schema().arguments().size());
     if (!args.empty() && args[0].isTensor()) {
       nested_sum = at::add(args[0].toTensor(), args[0].toTensor());
     }
-    sac::dispatch::run_op(op, below, stack);
+    sac::detail::run_op(op, below, stack);
   }
   std::vector<std::string> names;
-  std::vector<sac::dispatch::OpInterceptor*> active_inside;
+  std::vector<sac::detail::OpInterceptor*> active_inside;
   at::Tensor nested_sum;
 };
 
@@ -190,9 +190,9 @@ TEST_F(DispatchTest, InterceptionIsSuspendedWhileAnInterceptorRuns) {
   NestingRecorder recorder;
   at::Tensor y;
   {
-    sac::dispatch::InterceptorGuard guard(&recorder);
+    sac::detail::InterceptorGuard guard(&recorder);
     y = a.mm(b);
-    EXPECT_EQ(sac::dispatch::active_interceptor(), &recorder);
+    EXPECT_EQ(sac::detail::active_interceptor(), &recorder);
   }
   EXPECT_EQ(count_of(recorder.names, "aten::mm"), 1u);
   EXPECT_EQ(count_of(recorder.names, "aten::add.Tensor"), 0u)
@@ -212,7 +212,7 @@ TEST_F(DispatchTest, InterceptionResumesAfterTheInterceptorReturns) {
   const at::Tensor& b = ab.b;
   NestingRecorder recorder;
   {
-    sac::dispatch::InterceptorGuard guard(&recorder);
+    sac::detail::InterceptorGuard guard(&recorder);
     a.mm(b);
     a.add(a);
   }
@@ -227,20 +227,20 @@ TEST_F(DispatchTest, InnerGuardHidesOuterOne) {
   const at::Tensor& b = ab.b;
   Recorder outer, inner;
   {
-    sac::dispatch::InterceptorGuard outer_guard(&outer);
+    sac::detail::InterceptorGuard outer_guard(&outer);
     {
-      sac::dispatch::InterceptorGuard inner_guard(&inner);
-      EXPECT_EQ(sac::dispatch::active_interceptor(), &inner);
+      sac::detail::InterceptorGuard inner_guard(&inner);
+      EXPECT_EQ(sac::detail::active_interceptor(), &inner);
       a.mm(b);
     }
-    EXPECT_EQ(sac::dispatch::active_interceptor(), &outer);
+    EXPECT_EQ(sac::detail::active_interceptor(), &outer);
     EXPECT_EQ(count_of(inner.names, "aten::mm"), 1u);
     EXPECT_EQ(count_of(outer.names, "aten::mm"), 0u);
     a.mm(b);
     EXPECT_EQ(count_of(inner.names, "aten::mm"), 1u);
     EXPECT_EQ(count_of(outer.names, "aten::mm"), 1u);
   }
-  EXPECT_EQ(sac::dispatch::active_interceptor(), nullptr);
+  EXPECT_EQ(sac::detail::active_interceptor(), nullptr);
   a.mm(b);
   EXPECT_EQ(count_of(inner.names, "aten::mm"), 1u);
   EXPECT_EQ(count_of(outer.names, "aten::mm"), 1u);
@@ -248,7 +248,7 @@ TEST_F(DispatchTest, InnerGuardHidesOuterOne) {
 
 // ---- Exceptions ------------------------------------------------------------------
 
-class Throwing : public sac::dispatch::OpInterceptor {
+class Throwing : public sac::detail::OpInterceptor {
  public:
   void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack*) override {
     ++calls;
@@ -263,14 +263,14 @@ TEST_F(DispatchTest, ExceptionFromInterceptorPropagatesAndLeaksNoState) {
   const at::Tensor& b = ab.b;
   Throwing thrower;
   {
-    sac::dispatch::InterceptorGuard guard(&thrower);
+    sac::detail::InterceptorGuard guard(&thrower);
     const auto msg = error_of([&] { a.mm(b); });
     EXPECT_TRUE(contains(msg, "interceptor refuses aten::mm")) << msg;
     // The suspension ended with the exception: the interceptor is active again.
-    EXPECT_EQ(sac::dispatch::active_interceptor(), &thrower);
+    EXPECT_EQ(sac::detail::active_interceptor(), &thrower);
   }
   EXPECT_EQ(thrower.calls, 1);
-  EXPECT_EQ(sac::dispatch::active_interceptor(), nullptr);
+  EXPECT_EQ(sac::detail::active_interceptor(), nullptr);
   EXPECT_FALSE(c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::Fake));
   at::Tensor y;
   ASSERT_NO_THROW(y = a.mm(b));
@@ -279,7 +279,7 @@ TEST_F(DispatchTest, ExceptionFromInterceptorPropagatesAndLeaksNoState) {
   // A new interceptor works as before.
   Recorder recorder;
   {
-    sac::dispatch::InterceptorGuard guard(&recorder);
+    sac::detail::InterceptorGuard guard(&recorder);
     a.mm(b);
   }
   EXPECT_EQ(count_of(recorder.names, "aten::mm"), 1u);
@@ -293,7 +293,7 @@ TEST_F(DispatchTest, PerOpRefusesOpsWithLibTorchInplaceOrViewKernel) {
                     "fallback-key mechanism";
   }
   const std::vector<c10::OperatorHandle> ops{op_of("aten::add_", "Tensor")};
-  const auto msg = error_of([&] { sac::dispatch::intercept_ops(ops); });
+  const auto msg = error_of([&] { sac::detail::intercept_ops(ops); });
   EXPECT_TRUE(contains(msg, "cannot intercept aten::add_.Tensor")) << msg;
   EXPECT_TRUE(contains(msg, "LibTorch registers its own ADInplaceOrView kernel")) << msg;
   EXPECT_TRUE(contains(msg, "sac never replaces a LibTorch kernel")) << msg;
@@ -306,14 +306,14 @@ TEST_F(DispatchTest, PerOpRefusesOpsWithLibTorchInplaceOrViewKernel) {
 
 TEST_F(DispatchTest, InterceptOpsIsIdempotent) {
   const std::vector<c10::OperatorHandle> ops{op_of("aten::mm")};
-  EXPECT_NO_THROW(sac::dispatch::intercept_ops(ops));
-  EXPECT_NO_THROW(sac::dispatch::intercept_ops(ops));
+  EXPECT_NO_THROW(sac::detail::intercept_ops(ops));
+  EXPECT_NO_THROW(sac::detail::intercept_ops(ops));
   const auto ab = operands();
   const at::Tensor& a = ab.a;
   const at::Tensor& b = ab.b;
   Recorder recorder;
   {
-    sac::dispatch::InterceptorGuard guard(&recorder);
+    sac::detail::InterceptorGuard guard(&recorder);
     a.mm(b);
   }
   EXPECT_EQ(count_of(recorder.names, "aten::mm"), 1u);
@@ -386,13 +386,13 @@ TEST(DispatchBlindSpots, TorchFactoryCallsAreMissedByPerOpKernelsOnly) {
       {"aten::mul", [&] { torch::mul(x, 2.0); }},
   };
   const bool per_op = sac::dispatch::mechanism() == Mechanism::PerOpKernels;
-  sac::dispatch::intercept_ops_matching(
-      [](const c10::OperatorHandle& op) { return sac::dispatch::per_op_kernels_miss(op); });
-  sac::dispatch::intercept_ops({op_of("aten::_to_copy"), op_of("aten::mul", "Scalar")});
+  sac::detail::intercept_ops_matching(
+      [](const c10::OperatorHandle& op) { return sac::detail::per_op_kernels_miss(op); });
+  sac::detail::intercept_ops({op_of("aten::_to_copy"), op_of("aten::mul", "Scalar")});
   auto seen = [](const std::function<void()>& call) {
     Recorder recorder;
     {
-      sac::dispatch::InterceptorGuard guard(&recorder);
+      sac::detail::InterceptorGuard guard(&recorder);
       call();
     }
     std::vector<std::string> names;
@@ -403,10 +403,10 @@ TEST(DispatchBlindSpots, TorchFactoryCallsAreMissedByPerOpKernelsOnly) {
     SCOPED_TRACE(name);
     const auto names = seen(call);
     EXPECT_EQ(count_of(names, name), per_op ? 0u : 1u);
-    for (const auto& op : sac::policy::resolve_op_name(name + ".*")) {
+    for (const auto& op : sac::detail::resolve_op_name(name + ".*")) {
       if (op.schema().is_mutable()) continue;  // out= overloads: never cacheable
-      EXPECT_TRUE(sac::dispatch::per_op_kernels_miss(op)) << c10::toString(op.operator_name());
-      EXPECT_EQ(sac::dispatch::mechanism_misses(op), per_op);
+      EXPECT_TRUE(sac::detail::per_op_kernels_miss(op)) << c10::toString(op.operator_name());
+      EXPECT_EQ(sac::detail::mechanism_misses(op), per_op);
     }
   }
   for (const auto& [name, call] : others) {
@@ -414,8 +414,8 @@ TEST(DispatchBlindSpots, TorchFactoryCallsAreMissedByPerOpKernelsOnly) {
     EXPECT_EQ(count_of(seen(call), name), 1u);
   }
   for (const char* name : {"aten::_to_copy", "aten::mul", "aten::mm", "aten::index_select"}) {
-    for (const auto& op : sac::policy::resolve_op_name(std::string(name) + ".*")) {
-      EXPECT_FALSE(sac::dispatch::per_op_kernels_miss(op)) << c10::toString(op.operator_name());
+    for (const auto& op : sac::detail::resolve_op_name(std::string(name) + ".*")) {
+      EXPECT_FALSE(sac::detail::per_op_kernels_miss(op)) << c10::toString(op.operator_name());
     }
   }
 }

@@ -104,7 +104,7 @@ TEST_F(Lab, KnapsackMatchesBruteForce) {
   std::mt19937_64 rng(3);
   for (int trial = 0; trial < 300; ++trial) {
     const size_t n = 1 + rng() % 14;
-    std::vector<sac::lab::Item> items(n);
+    std::vector<sac::detail::Item> items(n);
     int64_t total = 0;
     for (auto& item : items) {
       item.weight = static_cast<int64_t>(rng() % 100);
@@ -126,7 +126,7 @@ TEST_F(Lab, KnapsackMatchesBruteForce) {
         best = std::max(best, value);
       }
     }
-    const auto choice = sac::lab::solve_knapsack(items, capacity);
+    const auto choice = sac::detail::solve_knapsack(items, capacity);
     ASSERT_TRUE(choice.exact);
     EXPECT_LE(choice.weight, capacity);
     EXPECT_NEAR(choice.value, best, 1e-9) << "trial " << trial;
@@ -139,13 +139,13 @@ TEST_F(Lab, KnapsackWithWholeItemsMatchesBruteForce) {
   std::mt19937_64 rng(5);
   for (int trial = 0; trial < 600; ++trial) {
     const int groups = 1 + static_cast<int>(rng() % 3);
-    std::vector<sac::lab::Item> items;
+    std::vector<sac::detail::Item> items;
     for (int g = 0; g < groups; ++g) {
       const size_t calls = 1 + rng() % 4;
       int64_t sum = 0;
       double time = 0;
       for (size_t c = 0; c < calls; ++c) {
-        sac::lab::Item item;
+        sac::detail::Item item;
         item.weight = static_cast<int64_t>(10 * (1 + rng() % 5));
         item.value = static_cast<double>(rng() % 100) / 3.0;
         item.group = rng() % 5 == 0 ? -1 : g;  // now and then an item of no group
@@ -153,7 +153,7 @@ TEST_F(Lab, KnapsackWithWholeItemsMatchesBruteForce) {
         time += item.value;
         items.push_back(item);
       }
-      sac::lab::Item whole;
+      sac::detail::Item whole;
       whole.weight = static_cast<int64_t>(rng() % (sum + 20));
       whole.value = time + static_cast<double>(rng() % 30);
       whole.group = g;
@@ -181,7 +181,7 @@ TEST_F(Lab, KnapsackWithWholeItemsMatchesBruteForce) {
       for (int g = 0; g < groups; ++g) allowed = allowed && (wholes[g] == 0 || others[g] == 0);
       if (allowed) best = std::max(best, value);
     }
-    const auto choice = sac::lab::solve_knapsack(items, capacity);
+    const auto choice = sac::detail::solve_knapsack(items, capacity);
     ASSERT_TRUE(choice.exact);
     EXPECT_LE(choice.weight, capacity);
     EXPECT_NEAR(choice.value, best, 1e-9) << "trial " << trial;
@@ -656,10 +656,10 @@ TEST_F(Lab, OffloadIsAChoiceForAcceleratorCalls) {
       sac::SelectiveCheckpointContext ctx;
       ctx.call = c.call;
       const sac::CheckpointPolicy answer = plan.policies[0].decide(ctx, mm, {});
-      kept += sac::is_save(answer) ? c.output_bytes : 0;
-      offloaded += sac::is_offload(answer) ? c.output_bytes : 0;
+      kept += sac::detail::is_save(answer) ? c.output_bytes : 0;
+      offloaded += sac::detail::is_offload(answer) ? c.output_bytes : 0;
       if (c.device.type() == c10::kCPU) {
-        EXPECT_FALSE(sac::is_offload(answer));
+        EXPECT_FALSE(sac::detail::is_offload(answer));
       }
     }
     EXPECT_EQ(kept, plan.saved_bytes);
@@ -690,7 +690,7 @@ TEST_F(Lab, TwelveBlocksAreSolvedExactly) {
 }
 
 // More regions than the solver decides exactly whether to check
-// (lab::kExactWholes): the local search keeps the plan within its budget,
+// (detail::kExactWholes): the local search keeps the plan within its budget,
 // never keeps a region's calls worth its plain bytes while it recomputes,
 // and leaves every region unchecked where the plain step fits.
 TEST_F(Lab, ManyRegionsAreNeverWorseThanNotCheckpointing) {
@@ -699,7 +699,7 @@ TEST_F(Lab, ManyRegionsAreNeverWorseThanNotCheckpointing) {
   const at::Tensor x = torch::randn({2, 16, 64}, torch::requires_grad());
   std::vector<sac::RegionProfile> profiles;
   int64_t plain = 0, everything = 0;
-  for (size_t i = 0; i < 2 * sac::lab::kExactWholes; ++i) {
+  for (size_t i = 0; i < 2 * sac::detail::kExactWholes; ++i) {
     profiles.push_back(sac::profile([&] { return block->forward(x); }, 1));
     plain += profiles.back().plain_bytes();
     everything += profiles.back().keepable_bytes();
@@ -761,8 +761,9 @@ TEST_F(Lab, ExplainReportsWhatTheCachingModeDoes) {
     EXPECT_EQ(e.offloaded_bytes(), 0);
     for (const auto& call : e.calls()) {
       if (call.profile.modified_later && call.answer.has_value()) {
-        EXPECT_EQ(call.outcome, is_save(*call.answer) ? sac::ExplainedCall::Outcome::Demoted
-                                                      : sac::ExplainedCall::Outcome::Recomputed);
+        EXPECT_EQ(call.outcome, sac::detail::is_save(*call.answer)
+                                    ? sac::ExplainedCall::Outcome::Demoted
+                                    : sac::ExplainedCall::Outcome::Recomputed);
       }
     }
   }

@@ -84,9 +84,9 @@ TEST_F(Answers, EachOfTheSixAnswersKeepsWhatItSays) {
     SCOPED_TRACE(std::string(sac::to_string(answer)));
     auto arena = std::make_shared<HostArena>();
     const Outcome out = run(c, sac::CheckpointOptions().policy(matmuls(answer)).offload_to(arena));
-    EXPECT_EQ(out.kept, none.kept + (sac::is_save(answer) ? kMatmulBytes : 0));
-    EXPECT_EQ(arena->copies(), sac::is_offload(answer) ? 2 : 0);
-    EXPECT_EQ(arena->returns(), sac::is_offload(answer) ? 2 : 0);
+    EXPECT_EQ(out.kept, none.kept + (sac::detail::is_save(answer) ? kMatmulBytes : 0));
+    EXPECT_EQ(arena->copies(), sac::detail::is_offload(answer) ? 2 : 0);
+    EXPECT_EQ(arena->returns(), sac::detail::is_offload(answer) ? 2 : 0);
     EXPECT_EQ(arena->held(), 0) << "the backward freed the graph and the copies with it";
     ASSERT_EQ(out.grads.size(), 4u);
     for (size_t i = 0; i < out.grads.size(); ++i) {

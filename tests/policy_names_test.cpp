@@ -58,10 +58,10 @@ Outcome run(const std::function<at::Tensor(const at::Tensor&)>& fn,
             const std::vector<at::Tensor>& wrt, const at::Tensor& x, const sac::Policy& policy,
             std::shared_ptr<sac::CopyTarget> offload_to = nullptr) {
   Outcome out;
-  std::shared_ptr<sac::OpCache> cache;
+  std::shared_ptr<sac::detail::OpCache> cache;
   const auto options = sac::CheckpointOptions().context_fn([&]() -> sac::RegionContexts {
     auto contexts = sac::create_selective_checkpoint_contexts(policy, false, offload_to);
-    cache = sac::cache_of(contexts);
+    cache = sac::detail::cache_of(contexts);
     return contexts;
   });
   torch::manual_seed(0);
@@ -301,7 +301,7 @@ TEST_F(Names, CallbacksAreNotAskedAboutTags) {
   const auto callback =
       sac::Policy::from_fn([&](const sac::SelectiveCheckpointContext&,
                                const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue>) {
-        saw_tag = saw_tag || sac::is_tag(op);
+        saw_tag = saw_tag || sac::detail::is_tag(op);
         return op.schema().name() == "aten::mm" ? sac::CheckpointPolicy::MustSave
                                                 : sac::CheckpointPolicy::MustRecompute;
       });

@@ -50,8 +50,8 @@ class PolicyTest : public ::testing::Test {
 // ---- Name resolution ---------------------------------------------------------
 
 TEST_F(PolicyTest, NameWithoutOverloadIsTheDefaultOverload) {
-  const auto plain = sac::policy::resolve_op_name("aten::mm");
-  const auto with_default = sac::policy::resolve_op_name("aten::mm.default");
+  const auto plain = sac::detail::resolve_op_name("aten::mm");
+  const auto with_default = sac::detail::resolve_op_name("aten::mm.default");
   ASSERT_EQ(plain.size(), 1u);
   ASSERT_EQ(with_default.size(), 1u);
   EXPECT_EQ(plain[0], op_of("aten::mm"));
@@ -59,13 +59,13 @@ TEST_F(PolicyTest, NameWithoutOverloadIsTheDefaultOverload) {
 }
 
 TEST_F(PolicyTest, NamedOverloadResolvesToThatOverloadOnly) {
-  const auto ops = sac::policy::resolve_op_name("aten::add.Tensor");
+  const auto ops = sac::detail::resolve_op_name("aten::add.Tensor");
   ASSERT_EQ(ops.size(), 1u);
   EXPECT_EQ(ops[0], op_of("aten::add", "Tensor"));
 }
 
 TEST_F(PolicyTest, StarResolvesToEveryOverload) {
-  const auto ops = sac::policy::resolve_op_name("aten::add.*");
+  const auto ops = sac::detail::resolve_op_name("aten::add.*");
   EXPECT_GT(ops.size(), 1u);
   EXPECT_TRUE(has_op(ops, op_of("aten::add", "Tensor")));
   EXPECT_TRUE(has_op(ops, op_of("aten::add", "Scalar")));
@@ -76,7 +76,7 @@ TEST_F(PolicyTest, StarResolvesToEveryOverload) {
 }
 
 TEST_F(PolicyTest, AmbiguousNameListsOverloadsAndSuggestsStar) {
-  const auto msg = error_of([] { sac::policy::resolve_op_name("aten::add"); });
+  const auto msg = error_of([] { sac::detail::resolve_op_name("aten::add"); });
   EXPECT_TRUE(contains(msg, "several overloads")) << msg;
   EXPECT_TRUE(contains(msg, "aten::add.Tensor")) << msg;
   EXPECT_TRUE(contains(msg, "aten::add.Scalar")) << msg;
@@ -84,33 +84,33 @@ TEST_F(PolicyTest, AmbiguousNameListsOverloadsAndSuggestsStar) {
 }
 
 TEST_F(PolicyTest, UnknownNameSuggestsClosestNames) {
-  const auto msg = error_of([] { sac::policy::resolve_op_name("aten::mmm"); });
+  const auto msg = error_of([] { sac::detail::resolve_op_name("aten::mmm"); });
   EXPECT_TRUE(contains(msg, "no operator named 'aten::mmm'")) << msg;
   EXPECT_TRUE(contains(msg, "Closest registered names")) << msg;
   EXPECT_TRUE(contains(msg, "aten::mm")) << msg;
   // aten::mm and aten::bmm are both one edit away.
-  const auto closest = sac::policy::closest_op_names("aten::mmm", 2);
+  const auto closest = sac::detail::closest_op_names("aten::mmm", 2);
   ASSERT_EQ(closest.size(), 2u);
   EXPECT_NE(std::find(closest.begin(), closest.end(), "aten::mm"), closest.end());
 }
 
 TEST_F(PolicyTest, UnknownOverloadIsAnError) {
-  const auto msg = error_of([] { sac::policy::resolve_op_name("aten::mm.Tensor"); });
+  const auto msg = error_of([] { sac::detail::resolve_op_name("aten::mm.Tensor"); });
   EXPECT_TRUE(contains(msg, "no operator named 'aten::mm.Tensor'")) << msg;
 }
 
 TEST_F(PolicyTest, NameWithoutNamespaceSaysHowToWriteOne) {
-  const auto msg = error_of([] { sac::policy::resolve_op_name("mm"); });
+  const auto msg = error_of([] { sac::detail::resolve_op_name("mm"); });
   EXPECT_TRUE(contains(msg, "'mm' is not an op name")) << msg;
   EXPECT_TRUE(contains(msg, "namespace::name")) << msg;
   EXPECT_TRUE(contains(msg, "\"aten::mm\"")) << msg;
 }
 
 TEST_F(PolicyTest, CustomNamespaceOpResolves) {
-  const auto ops = sac::policy::resolve_op_name("sac_test_ns::twice");
+  const auto ops = sac::detail::resolve_op_name("sac_test_ns::twice");
   ASSERT_EQ(ops.size(), 1u);
   EXPECT_EQ(ops[0], op_of("sac_test_ns::twice"));
-  const auto with_default = sac::policy::resolve_op_name("sac_test_ns::twice.default");
+  const auto with_default = sac::detail::resolve_op_name("sac_test_ns::twice.default");
   ASSERT_EQ(with_default.size(), 1u);
   EXPECT_EQ(with_default[0], ops[0]);
   // It is an ordinary functional op: save_ops accepts it.
@@ -179,7 +179,7 @@ TEST_F(PolicyTest, SaveOpsStarKeepsOnlyCacheableOverloads) {
   EXPECT_TRUE(has_op(ops, op_of("aten::add", "Scalar")));
   EXPECT_FALSE(has_op(ops, op_of("aten::add", "out")));
   for (const auto& op : ops) {
-    EXPECT_TRUE(sac::policy::is_cacheable(op)) << c10::toString(op.operator_name());
+    EXPECT_TRUE(sac::detail::is_cacheable(op)) << c10::toString(op.operator_name());
   }
 }
 
@@ -387,9 +387,9 @@ TEST_F(PolicyTest, CachedModeServesForwardOutputWithoutRecomputing) {
     sac::RegionContext::Scope scope(modes.caching.get());
     y = a.mm(b);
   }
-  EXPECT_EQ(sac::cache_of(modes)->kept_calls(), 1u);
-  EXPECT_EQ(sac::cache_of(modes)->bytes(), static_cast<size_t>(y.numel()) * sizeof(float));
-  EXPECT_EQ(sac::cache_of(modes)->demoted_calls(), 0u);
+  EXPECT_EQ(sac::detail::cache_of(modes)->kept_calls(), 1u);
+  EXPECT_EQ(sac::detail::cache_of(modes)->bytes(), static_cast<size_t>(y.numel()) * sizeof(float));
+  EXPECT_EQ(sac::detail::cache_of(modes)->demoted_calls(), 0u);
 
   at::Tensor y2;
   {
@@ -398,8 +398,8 @@ TEST_F(PolicyTest, CachedModeServesForwardOutputWithoutRecomputing) {
   }
   EXPECT_TRUE(torch::equal(y2, y));
   EXPECT_EQ(y2.data_ptr(), y.data_ptr()) << "recomputed instead of served from the cache";
-  EXPECT_EQ(sac::cache_of(modes)->kept_calls(), 0u);
-  EXPECT_EQ(sac::cache_of(modes)->bytes(), 0u);
+  EXPECT_EQ(sac::detail::cache_of(modes)->kept_calls(), 0u);
+  EXPECT_EQ(sac::detail::cache_of(modes)->bytes(), 0u);
 }
 
 TEST_F(PolicyTest, CachedModeRecomputesCallsThePolicyDidNotSave) {
@@ -414,7 +414,7 @@ TEST_F(PolicyTest, CachedModeRecomputesCallsThePolicyDidNotSave) {
     y = a.mm(b);
     z = at::addmm(bias, a, b);
   }
-  EXPECT_EQ(sac::cache_of(modes)->kept_calls(), 1u);
+  EXPECT_EQ(sac::detail::cache_of(modes)->kept_calls(), 1u);
   at::Tensor y2, z2;
   {
     sac::RegionContext::Scope scope(modes.cached.get());
@@ -490,7 +490,7 @@ TEST_F(PolicyTest, CachedValueModifiedAfterForwardIsAnError) {
     sac::RegionContext::Scope scope(modes.caching.get());
     y = a.mm(b);
   }
-  EXPECT_EQ(sac::cache_of(modes)->kept_calls(), 1u);
+  EXPECT_EQ(sac::detail::cache_of(modes)->kept_calls(), 1u);
   y.add_(1);
   sac::RegionContext::Scope scope(modes.cached.get());
   const auto msg = error_of([&] { a.mm(b); });
@@ -528,11 +528,11 @@ TEST_F(PolicyTest, CachedValueModifiedDuringForwardIsDemoted) {
     sac::RegionContext::Scope scope(modes.caching.get());
     auto y = a.mm(b);
     y.mul_(2);
-    EXPECT_EQ(sac::cache_of(modes)->kept_calls(), 1u);  // demoted only on exit
+    EXPECT_EQ(sac::detail::cache_of(modes)->kept_calls(), 1u);  // demoted only on exit
   }
-  EXPECT_EQ(sac::cache_of(modes)->kept_calls(), 0u);
-  EXPECT_EQ(sac::cache_of(modes)->demoted_calls(), 1u);
-  EXPECT_EQ(sac::cache_of(modes)->bytes(), 0u);
+  EXPECT_EQ(sac::detail::cache_of(modes)->kept_calls(), 0u);
+  EXPECT_EQ(sac::detail::cache_of(modes)->demoted_calls(), 1u);
+  EXPECT_EQ(sac::detail::cache_of(modes)->bytes(), 0u);
   // The demoted call is recomputed.
   at::Tensor y2;
   {
@@ -555,8 +555,8 @@ TEST_F(PolicyTest, ServedRandomOpRestoresGeneratorForLaterDraws) {
   const auto expected = run_and_grad([&] { return f(x); }, {x}, {});
 
   const auto rand_like = op_of("aten::rand_like");
-  ASSERT_TRUE(sac::policy::is_random(rand_like));
-  ASSERT_TRUE(sac::policy::is_cacheable(rand_like));
+  ASSERT_TRUE(sac::detail::is_random(rand_like));
+  ASSERT_TRUE(sac::detail::is_cacheable(rand_like));
   auto draws = std::make_shared<int>(0);
   const auto policy = sac::Policy::from_fn(
       [draws, rand_like](const sac::SelectiveCheckpointContext&, const c10::OperatorHandle& op,
@@ -570,18 +570,18 @@ TEST_F(PolicyTest, ServedRandomOpRestoresGeneratorForLaterDraws) {
       [&] {
         auto y = sac::checkpoint(options, f, x);
         EXPECT_EQ(*draws, 2);
-        EXPECT_EQ(sac::cache_of(modes)->kept_calls(), 1u);
+        EXPECT_EQ(sac::detail::cache_of(modes)->kept_calls(), 1u);
         return y;
       },
       {x}, {});
   expect_bit_identical(expected, actual);
-  EXPECT_EQ(sac::cache_of(modes)->kept_calls(), 0u) << "the saved draw was not served";
+  EXPECT_EQ(sac::detail::cache_of(modes)->kept_calls(), 0u) << "the saved draw was not served";
 }
 
 // ---- Ops per-op kernels miss ------------------------------------------------------
 
 // LibTorch's torch:: factory functions dispatch below ADInplaceOrView, where
-// per-op kernels sit (sac::dispatch::per_op_kernels_miss): a list naming
+// per-op kernels sit (sac::detail::per_op_kernels_miss): a list naming
 // such an op is refused there at once; the fallback key sees and keeps it.
 TEST_F(PolicyTest, SaveOpsNamingAFactoryOpIsRefusedUnderPerOpKernelsOnly) {
   if (sac::dispatch::mechanism() == sac::dispatch::Mechanism::PerOpKernels) {

@@ -8,9 +8,9 @@
 
 namespace record_test {
 
-using sac::record::Instruction;
-using sac::record::Recorder;
-using sac::record::Recording;
+using sac::detail::Instruction;
+using sac::detail::Recorder;
+using sac::detail::Recording;
 
 // Records what `f` runs (marking the tensors it returns, in order), then
 // replays the recording and returns the marked values of the replay.
@@ -36,7 +36,7 @@ Recorded record_and_replay(F&& f) {
     Recorder recorder(r.recording, /*region_interceptor=*/nullptr, [](const at::Tensor& t) {
       return torch::autograd::SavedVariable(t, /*is_output=*/false);
     });
-    sac::dispatch::ObserverGuard observe(&recorder);
+    sac::detail::ObserverGuard observe(&recorder);
     r.forward = f();
     for (const auto& t : r.forward) {
       recorder.mark(t);
@@ -49,20 +49,20 @@ Recorded record_and_replay(F&& f) {
       outside[i] = r.recording.outside[i].saved.unpack();
     }
   }
-  sac::record::replay(r.recording, std::move(outside),
+  sac::detail::replay(r.recording, std::move(outside),
                       [&](size_t, const at::Tensor& t) { r.replayed.push_back(t); });
   return r;
 }
 
 bool record_available() {
   sac_test::expect_configured_mechanism();
-  return sac::dispatch::observers_see_every_op();
+  return sac::detail::observers_see_every_op();
 }
 
 #define REQUIRE_RECORD()                                              \
   if (!record_available()) {                                          \
     std::string why;                                                  \
-    EXPECT_FALSE(sac::dispatch::observers_see_every_op(&why));        \
+    EXPECT_FALSE(sac::detail::observers_see_every_op(&why));          \
     EXPECT_NE(why.find("never see views"), std::string::npos) << why; \
     return;                                                           \
   }

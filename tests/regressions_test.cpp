@@ -603,7 +603,7 @@ TEST_F(Regressions, DoubleBackwardAfterAnInPlaceOpOnAViewIsExact) {
       const auto expected = second(f);
       expect_bit_identical(expected,
                            second([&](const at::Tensor& a) { return sac::checkpoint(f, a); }));
-      if (sac::dispatch::observers_see_every_op()) {  // the region guard needs the fallback key
+      if (sac::detail::observers_see_every_op()) {  // the region guard needs the fallback key
         expect_bit_identical(expected, second([&](const at::Tensor& a) {
                                sac::CheckpointRegion region;
                                return f(a);

@@ -37,7 +37,7 @@ struct ThreadState {
   bool fallback_key_included = true;
   bool grad_enabled = false;
   static ThreadState now() {
-    return {sac::dispatch::active_interceptor() != nullptr,
+    return {sac::detail::active_interceptor() != nullptr,
             c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::Fake),
             c10::GradMode::is_enabled()};
   }
@@ -664,8 +664,8 @@ struct OnDevice : torch::autograd::Function<OnDevice> {
     torch::autograd::variable_list out(2);
     device->run(at::ThreadLocalState(), [&] {
       if (seen != nullptr) {
-        seen->interceptor |= sac::dispatch::active_interceptor() != nullptr;
-        seen->stash |= sac::current_stash() != nullptr;
+        seen->interceptor |= sac::detail::active_interceptor() != nullptr;
+        seen->stash |= sac::detail::current_stash() != nullptr;
       }
       out[0] = grads[0] * saved[0] * saved[1] * 2;
       out[1] = grads[0] * saved[0] * saved[0];
@@ -741,32 +741,32 @@ TEST(EngineThreads, ABackwardInsideTheForwardCarriesTheRegionToTheDeviceThread) 
 // What a thread carries is what it sees: its interceptor, or nothing where
 // interception is isolated (a recomputation), even with a carried one below.
 TEST(EngineThreads, AThreadCarriesWhatItSees) {
-  struct Passing final : sac::dispatch::OpInterceptor {
+  struct Passing final : sac::detail::OpInterceptor {
     void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
                    torch::jit::Stack* stack) override {
-      sac::dispatch::run_op(op, below, stack);
+      sac::detail::run_op(op, below, stack);
     }
   } interceptor;
   std::optional<at::ThreadLocalState> outer, isolated;
   {
-    sac::dispatch::InterceptorGuard active(&interceptor);
-    sac::dispatch::CarryToEngineThreads carry;
-    EXPECT_EQ(sac::dispatch::active_interceptor(), &interceptor);
+    sac::detail::InterceptorGuard active(&interceptor);
+    sac::detail::CarryToEngineThreads carry;
+    EXPECT_EQ(sac::detail::active_interceptor(), &interceptor);
     outer.emplace();
-    sac::dispatch::IsolationGuard isolate;
-    EXPECT_EQ(sac::dispatch::active_interceptor(), nullptr);
-    sac::dispatch::CarryToEngineThreads carry_inside;
+    sac::detail::IsolationGuard isolate;
+    EXPECT_EQ(sac::detail::active_interceptor(), nullptr);
+    sac::detail::CarryToEngineThreads carry_inside;
     isolated.emplace();
   }
   expect_clean(ThreadState::now(), "main thread");
   std::thread([&] {
     {
       at::ThreadLocalStateGuard state(*outer);
-      EXPECT_EQ(sac::dispatch::active_interceptor(), &interceptor);
+      EXPECT_EQ(sac::detail::active_interceptor(), &interceptor);
     }
     {
       at::ThreadLocalStateGuard state(*isolated);
-      EXPECT_EQ(sac::dispatch::active_interceptor(), nullptr);
+      EXPECT_EQ(sac::detail::active_interceptor(), nullptr);
     }
     expect_clean(ThreadState::now(), "other thread");
   }).join();

@@ -113,7 +113,7 @@ py::object to_python(CheckpointPolicy answer) {
 
 CheckpointPolicy checkpoint_policy_from_python(py::handle answer, const c10::OperatorHandle* op) {
   if (py::isinstance<py::bool_>(answer)) {
-    return policy_from_bool(answer.cast<bool>());
+    return detail::policy_from_bool(answer.cast<bool>());
   }
   py::object type = checkpoint_module().attr("CheckpointPolicy");
   TORCH_CHECK(py::isinstance(answer, type), "sac: a Python policy answered ",

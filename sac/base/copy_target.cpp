@@ -15,7 +15,7 @@
 namespace sac {
 namespace {
 
-class VirtualDeviceOps final : public DeviceOps {
+class VirtualDeviceOps final : public detail::DeviceOps {
  public:
   bool on_device(const at::Tensor& t) const override {
     // Device types whose guard has streams and a caching allocator that
@@ -76,8 +76,8 @@ class VirtualDeviceOps final : public DeviceOps {
 // A copy back on the side stream, handed to the current stream when taken.
 class IncomingHostCopy final : public CopyTarget::Incoming {
  public:
-  IncomingHostCopy(std::shared_ptr<DeviceOps> ops, at::Tensor back,
-                   std::unique_ptr<DeviceOps::Event> copied, c10::IntArrayRef sizes)
+  IncomingHostCopy(std::shared_ptr<detail::DeviceOps> ops, at::Tensor back,
+                   std::unique_ptr<detail::DeviceOps::Event> copied, c10::IntArrayRef sizes)
       : ops_(std::move(ops)),
         back_(std::move(back)),
         copied_(std::move(copied)),
@@ -92,16 +92,16 @@ class IncomingHostCopy final : public CopyTarget::Incoming {
   }
 
  private:
-  std::shared_ptr<DeviceOps> ops_;
+  std::shared_ptr<detail::DeviceOps> ops_;
   at::Tensor back_;
-  std::unique_ptr<DeviceOps::Event> copied_;
+  std::unique_ptr<detail::DeviceOps::Event> copied_;
   std::vector<int64_t> sizes_;
 };
 
 // Pinned host memory, ordered as PyTorch's caching allocator requires.
 class HostMemory final : public CopyTarget {
  public:
-  explicit HostMemory(std::shared_ptr<DeviceOps> ops) : ops_(std::move(ops)) {}
+  explicit HostMemory(std::shared_ptr<detail::DeviceOps> ops) : ops_(std::move(ops)) {}
 
   bool accepts(const at::Tensor& t) const override { return ops_->on_device(t); }
 
@@ -137,7 +137,7 @@ class HostMemory final : public CopyTarget {
   }
 
  private:
-  std::shared_ptr<DeviceOps> ops_;
+  std::shared_ptr<detail::DeviceOps> ops_;
 };
 
 // What a target that copies back at once starts.
@@ -167,17 +167,17 @@ std::unique_ptr<CopyTarget::Incoming> CopyTarget::start_copy_back(const at::Tens
   return std::make_unique<Arrived>(copy_back(copy, from));
 }
 
-std::shared_ptr<DeviceOps> device_ops() {
-  static const std::shared_ptr<DeviceOps> ops = std::make_shared<VirtualDeviceOps>();
+std::shared_ptr<detail::DeviceOps> detail::device_ops() {
+  static const std::shared_ptr<detail::DeviceOps> ops = std::make_shared<VirtualDeviceOps>();
   return ops;
 }
 
 std::shared_ptr<CopyTarget> host_memory() {
-  static const std::shared_ptr<CopyTarget> memory = host_memory(device_ops());
+  static const std::shared_ptr<CopyTarget> memory = host_memory(detail::device_ops());
   return memory;
 }
 
-std::shared_ptr<CopyTarget> host_memory(std::shared_ptr<DeviceOps> ops) {
+std::shared_ptr<CopyTarget> detail::host_memory(std::shared_ptr<DeviceOps> ops) {
   return std::make_shared<HostMemory>(std::move(ops));
 }
 

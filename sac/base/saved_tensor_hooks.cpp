@@ -87,7 +87,7 @@ class HookingEngine final : public torch::autograd::Engine {
                                          const torch::autograd::variable_list& inputs,
                                          bool keep_graph, bool create_graph, bool accumulate_grad,
                                          const torch::autograd::edge_list& outputs) override {
-    dispatch::CarryToEngineThreads interception;
+    detail::CarryToEngineThreads interception;
     CarryStash stash;
     std::optional<CarriedGuard<CarriedHooks>> hooks;
     std::vector<SavedTensorHooksFactory> own;

@@ -4,11 +4,11 @@
 
 #include <utility>
 
-namespace sac {
+namespace sac::detail {
 namespace {
 thread_local TensorStash* tls_stash = nullptr;
 
-constexpr std::string_view kCarriedName = "sac::TensorStash";
+constexpr std::string_view kCarriedName = "sac::detail::TensorStash";
 const c10::DebugInfoKind kCarriedKind(&kCarriedName);
 }  // namespace
 
@@ -38,4 +38,4 @@ StashScope::StashScope(std::shared_ptr<TensorStash> stash)
 
 StashScope::~StashScope() { tls_stash = outer_; }
 
-}  // namespace sac
+}  // namespace sac::detail

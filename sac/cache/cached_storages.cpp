@@ -4,7 +4,7 @@
 
 #include <c10/util/Exception.h>
 
-namespace sac {
+namespace sac::detail {
 
 bool CachedStorages::knows(const Info& info, const void* counter) {
   for (const auto& known : info.watches) {
@@ -144,4 +144,4 @@ void CachedStorages::clear() {
   bytes_ = 0;
 }
 
-}  // namespace sac
+}  // namespace sac::detail

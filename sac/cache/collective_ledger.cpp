@@ -5,9 +5,9 @@
 
 #include <c10/util/Exception.h>
 
-namespace sac {
+namespace sac::detail {
 void CollectiveLedger::note(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
-  calls_[op].push_back(policy::collective_signature(args));
+  calls_[op].push_back(detail::collective_signature(args));
 }
 
 size_t CollectiveLedger::size() const {
@@ -25,14 +25,14 @@ void CollectiveLedger::check(const c10::OperatorHandle& op, size_t call,
   SAC_CHECKPOINT_CHECK(
       call < forward_calls,
       "sac: the recomputation of a checkpointed region would issue collective ", op.operator_name(),
-      " (", policy::collective_signature(args), ") as its call ", call + 1,
+      " (", detail::collective_signature(args), ") as its call ", call + 1,
       ", but the region's forward issued ", forward_calls,
       " such calls. sac does not issue it: the other ranks would not join it (a hang, "
       "or a silent mismatch with their next collective). The region's function must "
       "issue the same collectives when it runs again: make it depend only on its "
       "inputs, or keep the collective's output with a policy "
       "(sac::never_recompute_collectives()).");
-  const std::string now = policy::collective_signature(args);
+  const std::string now = detail::collective_signature(args);
   SAC_CHECKPOINT_CHECK(
       now == found->second[call],
       "sac: the recomputation of a checkpointed region would issue collective ", op.operator_name(),
@@ -46,4 +46,4 @@ void CollectiveLedger::check(const c10::OperatorHandle& op, size_t call,
 
 void CollectiveLedger::clear() { calls_.clear(); }
 
-}  // namespace sac
+}  // namespace sac::detail

@@ -7,7 +7,7 @@
 
 #include <algorithm>
 
-namespace sac {
+namespace sac::detail {
 namespace {
 
 // Where the forward's and the recomputation's op sequences part ways, this is
@@ -18,7 +18,7 @@ constexpr const char* kMismatchHint =
     "and backward (a flag, a module's training mode, data-dependent control "
     "flow). Make it deterministic, or checkpoint it without a policy.";
 
-using dispatch::for_each_tensor;
+using detail::for_each_tensor;
 
 // How a cached tensor was modified, for the errors.
 std::string own_change(const VersionWatch& own) {
@@ -80,7 +80,7 @@ void OpCache::shape_of(Entry& call, c10::ArrayRef<c10::IValue> outputs, Tensors&
 }
 
 OpCache::OpCalls& OpCache::calls_of(const c10::OperatorHandle& op) {
-  const void* key = dispatch::op_key(op);
+  const void* key = detail::op_key(op);
   if (key != latest_key_) {
     latest_calls_ = &ops_[key];
     latest_key_ = key;
@@ -89,7 +89,7 @@ OpCache::OpCalls& OpCache::calls_of(const c10::OperatorHandle& op) {
 }
 
 const OpCache::OpCalls* OpCache::find_calls(const c10::OperatorHandle& op) const {
-  const void* key = dispatch::op_key(op);
+  const void* key = detail::op_key(op);
   if (key == latest_key_) {
     return latest_calls_;
   }
@@ -484,4 +484,4 @@ void OpCache::drop(Entry& call) {
   --kept_calls_;
 }
 
-}  // namespace sac
+}  // namespace sac::detail

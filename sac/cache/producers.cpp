@@ -4,7 +4,7 @@
 
 #include <utility>
 
-namespace sac {
+namespace sac::detail {
 
 void Producers::note(const c10::OperatorHandle& op, size_t index,
                      c10::ArrayRef<at::Tensor> tensors) {
@@ -61,4 +61,4 @@ void Producers::clear() {
   latest_.clear();
 }
 
-}  // namespace sac
+}  // namespace sac::detail

@@ -7,7 +7,7 @@
 
 #include <utility>
 
-namespace sac {
+namespace sac::detail {
 
 void Slot::hold(const at::Tensor& t, CachedStorages& storages) {
   returned.reset();
@@ -22,7 +22,7 @@ void Slot::unhold(CachedStorages& storages) {
 
 void Slot::offload(CopyTarget& target, CachedStorages& storages) {
   // The copy's own ops belong to no region, and autograd records none.
-  dispatch::IsolationGuard isolated;
+  detail::IsolationGuard isolated;
   c10::AutoGradMode no_grad(false);
   from = CopyTarget::Origin::of(held);
   copy = target.copy_out(held);
@@ -37,7 +37,7 @@ void Slot::stash(TensorStash& stash, CachedStorages& storages) {
 
 void Slot::start_copy_back(CopyTarget& target) {
   if (offloaded() && incoming == nullptr) {
-    dispatch::IsolationGuard isolated;
+    detail::IsolationGuard isolated;
     c10::AutoGradMode no_grad(false);
     incoming = target.start_copy_back(copy, from);
   }
@@ -50,7 +50,7 @@ at::Tensor Slot::tensor(bool consume, CopyTarget* target) {
   if (stashed != nullptr) {
     return stashed->call_unpack_hook();
   }
-  dispatch::IsolationGuard isolated;
+  detail::IsolationGuard isolated;
   c10::AutoGradMode no_grad(false);
   if (incoming != nullptr) {
     return std::exchange(incoming, nullptr)->take();
@@ -67,4 +67,4 @@ void Slot::release(CachedStorages& storages) {
   incoming.reset();
 }
 
-}  // namespace sac
+}  // namespace sac::detail

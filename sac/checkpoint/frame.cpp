@@ -249,7 +249,7 @@ void CheckpointFrame::recompute(int64_t graph_task) {
   // recomputation would not show them. What it reads from outside may be
   // held by an enclosing region, whose recomputation the pass's start
   // begins: isolated too, and before this region's state is restored.
-  dispatch::IsolationGuard isolate;
+  detail::IsolationGuard isolate;
   if (config_.value_check && !forward_completed_) {
     // A backward inside the forward: what the region has written so far is
     // known now, not at the forward's end (Note [Written by the region]).

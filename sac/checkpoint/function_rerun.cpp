@@ -45,7 +45,7 @@ class FunctionRerun::RerunPass final : public Recomputation::Pass {
         inputs_(std::move(inputs)) {}
 
   void run() override {
-    std::optional<dispatch::ObserverGuard> watch;
+    std::optional<detail::ObserverGuard> watch;
     std::optional<InPlaceReadsScope> in_place_reads;
     if (rerun_.outside_tensors_) {
       watch.emplace(rerun_.outside_tensors_->recompute_observer());

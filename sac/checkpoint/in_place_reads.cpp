@@ -20,7 +20,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (!op->writes_argument) {
     return nullptr;
   }
-  const dispatch::ObservedOp call{*op->handle, c10::DispatchKeySet(), nullptr};
+  const detail::ObservedOp call{*op->handle, c10::DispatchKeySet(), nullptr};
   const c10::ArrayRef<c10::IValue> args(fn.inputs().data(), fn.inputs().size());
   for (InPlaceReadsScope* scope : tls_scopes.items()) {
     scope->observe(call, args);
@@ -30,8 +30,8 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
 
 }  // namespace
 
-InPlaceReadsScope::InPlaceReadsScope(dispatch::OpObserver* observer) : observer_(observer) {
-  if (!dispatch::observers_see_every_op()) {
+InPlaceReadsScope::InPlaceReadsScope(detail::OpObserver* observer) : observer_(observer) {
+  if (!detail::observers_see_every_op()) {
     rethrow_guard_.emplace(&rethrow_);
     tls_scopes.push(this);
     active_ = true;
@@ -44,8 +44,8 @@ InPlaceReadsScope::~InPlaceReadsScope() {
   }
 }
 
-void InPlaceReadsScope::observe(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> args) {
-  if (pending_ || !dispatch::is_observing(observer_)) {
+void InPlaceReadsScope::observe(const detail::ObservedOp& call, c10::ArrayRef<c10::IValue> args) {
+  if (pending_ || !detail::is_observing(observer_)) {
     return;
   }
   try {

@@ -19,7 +19,7 @@ bool makes_new_tensors(const c10::OperatorHandle& op) {
 
 // Whether `op` is a view (its outputs alias its inputs and it writes
 // none): it reads no values, until something reads the view.
-bool is_view(const c10::OperatorHandle& op) {
+bool is_pure_view(const c10::OperatorHandle& op) {
   const auto& returns = op.schema().returns();
   for (const auto& ret : returns) {
     if (ret.alias_info() == nullptr || ret.alias_info()->isWrite()) {
@@ -34,12 +34,12 @@ bool is_view(const c10::OperatorHandle& op) {
 // Calls `f(index, tensor)` for each tensor that `op` reads in `args`.
 template <class F>
 void for_each_read(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, F&& f) {
-  if (is_view(op)) {
+  if (is_pure_view(op)) {
     return;
   }
   for (size_t i = 0; i < args.size(); ++i) {
-    if (!dispatch::writes_argument(op, i, args)) {
-      dispatch::for_each_tensor(args[i], [&](const at::Tensor& t) { f(i, t); });
+    if (!detail::writes_argument(op, i, args)) {
+      detail::for_each_tensor(args[i], [&](const at::Tensor& t) { f(i, t); });
     }
   }
 }
@@ -47,7 +47,7 @@ void for_each_read(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> arg
 OutsideTensorWatch::OutsideTensorWatch() {
   // Every op that reaches below autograd and is not a view or in-place op:
   // exactly the ops a policy callback may be asked about.
-  dispatch::intercept_ops_matching(&policy::is_cacheable);
+  detail::intercept_ops_matching(&detail::is_cacheable);
 }
 
 OutsideTensorWatch::~OutsideTensorWatch() {
@@ -75,7 +75,7 @@ bool OutsideTensorWatch::owned_by_region(const void* counter) const {
   return it != seen_.end() && it->second.origin != Origin::kOutside;
 }
 
-void OutsideTensorWatch::Noter::before_op(const dispatch::ObservedOp& call,
+void OutsideTensorWatch::Noter::before_op(const detail::ObservedOp& call,
                                           c10::ArrayRef<c10::IValue> args) {
   const c10::OperatorHandle& op = call.op;
   for_each_read(op, args, [&](size_t, const at::Tensor& t) { watch_.note(t, Origin::kOutside); });
@@ -87,9 +87,9 @@ void OutsideTensorWatch::Noter::before_op(const dispatch::ObservedOp& call,
   // read first, it stays outside and is checked.) Other regions that read
   // it watch its bytes (Note [Rewritten by a recomputation]).
   for (size_t i = 0; i < args.size(); ++i) {
-    if (dispatch::writes_argument(op, i, args) && dispatch::overwrites_argument(op, i)) {
-      dispatch::for_each_tensor(args[i], [&](const at::Tensor& t) {
-        if (dispatch::spans_storage(t)) {
+    if (detail::writes_argument(op, i, args) && detail::overwrites_argument(op, i)) {
+      detail::for_each_tensor(args[i], [&](const at::Tensor& t) {
+        if (detail::spans_storage(t)) {
           watch_.note(t, Origin::kOverwritten);
         }
       });
@@ -97,18 +97,18 @@ void OutsideTensorWatch::Noter::before_op(const dispatch::ObservedOp& call,
   }
 }
 
-void OutsideTensorWatch::Noter::after_op(const dispatch::ObservedOp& call,
+void OutsideTensorWatch::Noter::after_op(const detail::ObservedOp& call,
                                          c10::ArrayRef<c10::IValue> outputs) {
   const c10::OperatorHandle& op = call.op;
   if (!makes_new_tensors(op)) {
     return;  // a view or an in-place op: its output's counter is its input's
   }
   for (const auto& output : outputs) {
-    dispatch::for_each_tensor(output, [&](const at::Tensor& t) { watch_.note(t, Origin::kMade); });
+    detail::for_each_tensor(output, [&](const at::Tensor& t) { watch_.note(t, Origin::kMade); });
   }
 }
 
-void OutsideTensorWatch::Checker::before_op(const dispatch::ObservedOp& call,
+void OutsideTensorWatch::Checker::before_op(const detail::ObservedOp& call,
                                             c10::ArrayRef<c10::IValue> args) {
   const c10::OperatorHandle& op = call.op;
   for_each_read(op, args, [&](size_t arg, const at::Tensor& t) {

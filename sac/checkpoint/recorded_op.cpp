@@ -27,9 +27,9 @@ const RecordedOp* recorded_op(const at::RecordFunction& fn) {
     }
     if (op->handle.has_value() && op->handle->hasSchema()) {
       // set_ points a tensor at a storage: like a view, it makes no values.
-      op->view = policy::is_view(*op->handle) || op->handle->operator_name().name == "aten::set_";
-      op->uninitialized = policy::makes_uninitialized_memory(*op->handle);
-      op->random = policy::is_random(*op->handle);
+      op->view = detail::is_view(*op->handle) || op->handle->operator_name().name == "aten::set_";
+      op->uninitialized = detail::makes_uninitialized_memory(*op->handle);
+      op->random = detail::is_random(*op->handle);
       const auto& arguments = op->handle->schema().arguments();
       for (size_t i = 0; i < arguments.size(); ++i) {
         const c10::Argument& argument = arguments[i];

@@ -27,7 +27,7 @@ class RegionReplay final : public Recomputation {
       : statistics_(std::move(statistics)) {}
 
   // The region began; `region_interceptor` is its interceptor (or null).
-  dispatch::OpObserver* start_recording(const dispatch::OpInterceptor* region_interceptor) {
+  detail::OpObserver* start_recording(const detail::OpInterceptor* region_interceptor) {
     recorder_.emplace(recording_, region_interceptor, [this](const at::Tensor& t) {
       // A tensor an enclosing region overwrites is watched by its bytes too
       // (Note [Rewritten by a recomputation]); the recorder appends the
@@ -56,7 +56,7 @@ class RegionReplay final : public Recomputation {
     // Checked here, not by whoever keeps the tensors: a copy target's hooks
     // watch a copy, and a view read on outside memory is kept as part of
     // its whole storage.
-    for (const record::OutsideRead& read : recording_.outside_reads) {
+    for (const detail::OutsideRead& read : recording_.outside_reads) {
       const auto rewritten = rewritten_.find(read.outside);
       SAC_CHECKPOINT_CHECK(recording_.outside[read.outside].snapshot.has_value() ||
                                recording_.outside[read.outside].fresh || !read.version.changed() ||
@@ -76,7 +76,7 @@ class RegionReplay final : public Recomputation {
     }
     std::vector<at::Tensor> outside(recording_.outside.size());
     for (size_t i = 0; i < recording_.outside.size(); ++i) {
-      const record::Outside& kept = recording_.outside[i];
+      const detail::Outside& kept = recording_.outside[i];
       if (kept.snapshot.has_value() || kept.fresh) {
         continue;
       }
@@ -110,7 +110,7 @@ class RegionReplay final : public Recomputation {
  private:
   class ReplayPass final : public Pass {
    public:
-    ReplayPass(const record::Recording& recording, std::vector<at::Tensor> outside,
+    ReplayPass(const detail::Recording& recording, std::vector<at::Tensor> outside,
                std::weak_ptr<CheckpointFrame> frame, int64_t graph_task,
                RegionStatistics* statistics)
         : recording_(recording),
@@ -129,7 +129,7 @@ class RegionReplay final : public Recomputation {
           statistics_->add(counts);
         }
       });
-      record::replay(
+      detail::replay(
           recording_, std::move(outside_),
           [&](size_t, const at::Tensor& value) {
             frame->save_recomputed(graph_task_,
@@ -139,14 +139,14 @@ class RegionReplay final : public Recomputation {
     }
 
    private:
-    const record::Recording& recording_;
+    const detail::Recording& recording_;
     std::vector<at::Tensor> outside_;
     std::weak_ptr<CheckpointFrame> frame_;
     int64_t graph_task_;
     RegionStatistics* statistics_;
   };
 
-  record::Recording recording_;
+  detail::Recording recording_;
   // Outside tensors an enclosing region overwrites, by index in the
   // recording: kept as they are (alive as the region's buffers are), and
   // given to the replay while their bytes are the ones read.
@@ -155,7 +155,7 @@ class RegionReplay final : public Recomputation {
     at::Tensor tensor;
   };
   std::unordered_map<size_t, Rewritten> rewritten_;
-  std::optional<record::Recorder> recorder_;
+  std::optional<detail::Recorder> recorder_;
   std::shared_ptr<RegionStatistics> statistics_;
 };
 
@@ -174,7 +174,7 @@ CheckpointRegion::CheckpointRegion(const CheckpointOptions& options) {
     return;
   }
   std::string why;
-  SAC_CHECKPOINT_CHECK(dispatch::observers_see_every_op(&why),
+  SAC_CHECKPOINT_CHECK(detail::observers_see_every_op(&why),
                        "sac::CheckpointRegion records every op of the region below autograd, "
                        "views and in-place ops included, which only sac's fallback-key "
                        "dispatch mechanism sees; but ",
@@ -196,7 +196,7 @@ CheckpointRegion::CheckpointRegion(const CheckpointOptions& options) {
       detail::ForwardState::capture_current(options.preserve_rng_state()));
   active->forward.emplace("sac::CheckpointRegion", std::move(frame), config,
                           [replay = active->replay] {
-                            return replay->start_recording(dispatch::active_interceptor());
+                            return replay->start_recording(detail::active_interceptor());
                           });
   active_ = std::move(active);
 }

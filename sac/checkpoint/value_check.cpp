@@ -83,7 +83,7 @@ class Hasher {
 // While alive, the ops the check runs itself are seen by no sac mode,
 // observer or op log, no profiler or RecordFunction callback, and autograd.
 struct Unseen {
-  dispatch::IsolationGuard isolate;
+  detail::IsolationGuard isolate;
   at::NoGradGuard no_grad;
   at::DisableRecordFunctionGuard unrecorded;
 };
@@ -314,7 +314,7 @@ void OpOrigins::note_outputs(const RecordedOp* op, c10::ArrayRef<c10::IValue> ou
   c10::SmallVector<const c10::StorageImpl*, 4> written;
   if (!op->view) {  // a view's storage keeps the origin it had (none: a view of an outside tensor)
     for (const c10::IValue& output : outputs) {
-      dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
+      detail::for_each_tensor(output, [&](const at::Tensor& t) {
         if (const c10::StorageImpl* storage = storage_key(t)) {
           by_storage_[storage] = {op, call};
           if (op->random) {

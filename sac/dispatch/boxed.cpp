@@ -5,7 +5,7 @@
 #include <unordered_set>
 #include <vector>
 
-namespace sac::dispatch {
+namespace sac::detail {
 namespace {
 
 // Ops whose arguments 3 and 4 (running_mean, running_var) are written when
@@ -66,4 +66,4 @@ bool spans_storage(const at::Tensor& t) {
          t.nbytes() == t.storage().nbytes();
 }
 
-}  // namespace sac::dispatch
+}  // namespace sac::detail

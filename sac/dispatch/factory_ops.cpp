@@ -6,7 +6,7 @@
 #include <unordered_set>
 #include <vector>
 
-namespace sac::dispatch {
+namespace sac::detail {
 
 // Note [The factory ops are a list]
 // torch::zeros, torch::randn_like and the other functions of LibTorch's
@@ -99,4 +99,4 @@ bool per_op_kernels_miss(const c10::OperatorHandle& op) {
   return false;
 }
 
-}  // namespace sac::dispatch
+}  // namespace sac::detail

@@ -17,7 +17,7 @@
 #include <unordered_map>
 #include <utility>
 
-namespace sac::dispatch {
+namespace sac::detail {
 namespace {
 
 // The thread's interception state. `observing` caches "observers is not
@@ -45,7 +45,7 @@ struct Carried {
   const std::vector<OpObserver*> observers;
   std::recursive_mutex mutex;
 };
-constexpr std::string_view kCarriedName = "sac::dispatch::Carried";
+constexpr std::string_view kCarriedName = "sac::detail::Carried";
 const c10::DebugInfoKind kCarriedKind(&kCarriedName);
 
 // An empty snapshot masks the ones below it: a backward called where
@@ -295,7 +295,7 @@ CarryToEngineThreads::~CarryToEngineThreads() {
 }
 
 bool observers_see_every_op(std::string* reason) {
-  if (mechanism() == Mechanism::FallbackKey) {
+  if (dispatch::mechanism() == dispatch::Mechanism::FallbackKey) {
     return true;
   }
   if (reason != nullptr) {
@@ -347,4 +347,4 @@ IsolationGuard::~IsolationGuard() {
   }
 }
 
-}  // namespace sac::dispatch
+}  // namespace sac::detail

@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-namespace sac::dispatch {
+namespace sac::detail {
 namespace {
 
 // Set once sac's own fallback is registered on kFallbackKey.
@@ -49,14 +49,14 @@ class Registry {
     return *registry;
   }
 
-  Mechanism resolve() {
+  dispatch::Mechanism resolve() {
     std::lock_guard<std::mutex> lock(mutex_);
     return resolve_locked();
   }
 
-  void set(std::optional<Mechanism> requested) {
+  void set(std::optional<dispatch::Mechanism> requested) {
     std::lock_guard<std::mutex> lock(mutex_);
-    const Mechanism wanted = requested.has_value() ? *requested : automatic_locked();
+    const dispatch::Mechanism wanted = requested.has_value() ? *requested : automatic_locked();
     if (in_use_) {
       TORCH_CHECK(!mechanism_.has_value() || *mechanism_ == wanted,
                   "sac: cannot switch the dispatch mechanism to ", to_string(wanted), ": ",
@@ -73,7 +73,7 @@ class Registry {
   void intercept(c10::ArrayRef<c10::OperatorHandle> ops) {
     std::lock_guard<std::mutex> lock(mutex_);
     in_use_ = true;
-    if (resolve_locked() != Mechanism::PerOpKernels) {
+    if (resolve_locked() != dispatch::Mechanism::PerOpKernels) {
       return;
     }
     for (const auto& op : ops) {
@@ -85,7 +85,7 @@ class Registry {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       in_use_ = true;
-      if (resolve_locked() != Mechanism::PerOpKernels ||
+      if (resolve_locked() != dispatch::Mechanism::PerOpKernels ||
           std::find(filters_.begin(), filters_.end(), filter) != filters_.end()) {
         return;
       }
@@ -119,14 +119,14 @@ class Registry {
 
   // The mechanism once something was intercepted, without a lock; else
   // nothing.
-  std::optional<Mechanism> activated() const {
+  std::optional<dispatch::Mechanism> activated() const {
     if (activated_.load(std::memory_order_acquire)) {
       return *mechanism_;
     }
     return std::nullopt;
   }
 
-  Mechanism activate() {
+  dispatch::Mechanism activate() {
     // Fast path: the mechanism is fixed after the first activation.
     if (activated_.load(std::memory_order_acquire)) {
       on_activation();
@@ -134,7 +134,7 @@ class Registry {
     }
     std::lock_guard<std::mutex> lock(mutex_);
     in_use_ = true;
-    const Mechanism m = resolve_locked();
+    const dispatch::Mechanism m = resolve_locked();
     activated_.store(true, std::memory_order_release);
     register_pending_locked();
     return m;
@@ -143,20 +143,21 @@ class Registry {
  private:
   Registry() = default;
 
-  Mechanism automatic_locked() const {
-    return fallback_key_available(nullptr) ? Mechanism::FallbackKey : Mechanism::PerOpKernels;
+  dispatch::Mechanism automatic_locked() const {
+    return fallback_key_available(nullptr) ? dispatch::Mechanism::FallbackKey
+                                           : dispatch::Mechanism::PerOpKernels;
   }
 
-  Mechanism resolve_locked() {
+  dispatch::Mechanism resolve_locked() {
     if (mechanism_.has_value()) {
       return *mechanism_;
     }
     const char* env = std::getenv("SAC_DISPATCH");
     const std::string value = env == nullptr ? "auto" : env;
     if (value == "per_op") {
-      adopt_locked(Mechanism::PerOpKernels, "SAC_DISPATCH=per_op");
+      adopt_locked(dispatch::Mechanism::PerOpKernels, "SAC_DISPATCH=per_op");
     } else if (value == "fallback") {
-      adopt_locked(Mechanism::FallbackKey, "SAC_DISPATCH=fallback");
+      adopt_locked(dispatch::Mechanism::FallbackKey, "SAC_DISPATCH=fallback");
     } else if (value == "auto" || value.empty()) {
       adopt_locked(automatic_locked(), "auto");
     } else {
@@ -168,8 +169,8 @@ class Registry {
     return *mechanism_;
   }
 
-  void adopt_locked(Mechanism m, const char* requested_by) {
-    if (m == Mechanism::FallbackKey && !fallback_.has_value()) {
+  void adopt_locked(dispatch::Mechanism m, const char* requested_by) {
+    if (m == dispatch::Mechanism::FallbackKey && !fallback_.has_value()) {
       std::string reason;
       TORCH_CHECK(fallback_key_available(&reason), "sac: ", requested_by,
                   " asks for the fallback-key dispatch mechanism, but ", reason,
@@ -243,7 +244,7 @@ class Registry {
   }
 
   std::mutex mutex_;
-  std::optional<Mechanism> mechanism_;
+  std::optional<dispatch::Mechanism> mechanism_;
   bool in_use_ = false;
   std::atomic<bool> activated_{false};
   std::optional<c10::RegistrationHandleRAII> fallback_;
@@ -264,6 +265,14 @@ bool own_fallback_registered() { return fallback_registered.load(std::memory_ord
 
 void activate_interception() { Registry::get().activate(); }
 
+c10::DispatchKey interception_key(dispatch::Mechanism mechanism) {
+  return mechanism == dispatch::Mechanism::FallbackKey ? kFallbackKey : kPerOpKey;
+}
+
+}  // namespace sac::detail
+
+namespace sac::dispatch {
+
 std::string_view to_string(Mechanism mechanism) {
   switch (mechanism) {
     case Mechanism::PerOpKernels: return "per-op kernels on ADInplaceOrView";
@@ -272,13 +281,13 @@ std::string_view to_string(Mechanism mechanism) {
   return "unknown";
 }
 
-c10::DispatchKey interception_key(Mechanism mechanism) {
-  return mechanism == Mechanism::FallbackKey ? kFallbackKey : kPerOpKey;
-}
+void set_mechanism(std::optional<Mechanism> mechanism) { detail::Registry::get().set(mechanism); }
 
-void set_mechanism(std::optional<Mechanism> mechanism) { Registry::get().set(mechanism); }
+Mechanism mechanism() { return detail::Registry::get().resolve(); }
 
-Mechanism mechanism() { return Registry::get().resolve(); }
+}  // namespace sac::dispatch
+
+namespace sac::detail {
 
 bool fallback_key_available(std::string* reason) {
   auto& dispatcher = c10::Dispatcher::singleton();
@@ -308,16 +317,16 @@ bool fallback_key_available(std::string* reason) {
 bool mechanism_misses(const c10::OperatorHandle& op) {
   // Asked for every call a callback keeps: under the fallback key, once
   // active, one load.
-  const std::optional<Mechanism> active = Registry::get().activated();
-  if (active == Mechanism::FallbackKey) {
+  const std::optional<dispatch::Mechanism> active = Registry::get().activated();
+  if (active == dispatch::Mechanism::FallbackKey) {
     return false;
   }
-  return per_op_kernels_miss(op) &&
-         (active.has_value() ? *active : mechanism()) == Mechanism::PerOpKernels;
+  return per_op_kernels_miss(op) && (active.has_value() ? *active : dispatch::mechanism()) ==
+                                        dispatch::Mechanism::PerOpKernels;
 }
 
 void intercept_ops(c10::ArrayRef<c10::OperatorHandle> ops) { Registry::get().intercept(ops); }
 
 void intercept_ops_matching(OpFilter filter) { Registry::get().intercept_matching(filter); }
 
-}  // namespace sac::dispatch
+}  // namespace sac::detail

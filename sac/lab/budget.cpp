@@ -138,8 +138,8 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
               offload->bytes_per_second,
               " bytes per second (measure it with "
               "sac::measure_offload_bandwidth).");
-  std::vector<lab::Item> items;
-  std::vector<lab::CallChoice> choices;
+  std::vector<detail::Item> items;
+  std::vector<detail::CallChoice> choices;
   std::vector<size_t> item_of_choice;
   constexpr size_t kNoItem = static_cast<size_t>(-1);
   std::vector<size_t> unchecked_item(profiles.size(), kNoItem);
@@ -155,7 +155,7 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
     for (const auto& call : profiles[p].calls()) {
       region_cost += call.recompute_seconds();
     }
-    for (lab::CallChoice& choice : lab::choices_of(profiles[p], p, offload)) {
+    for (detail::CallChoice& choice : detail::choices_of(profiles[p], p, offload)) {
       for (const OpCallProfile* call : choice.calls) {
         region_cost -= call->recompute_seconds();
       }
@@ -181,7 +181,7 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
   BudgetedPlan plan;
   plan.budget_bytes = budget.resolve(plain, everything);
   const auto start = std::chrono::steady_clock::now();
-  const lab::Choice choice = lab::solve_knapsack(items, plan.budget_bytes);
+  const detail::Choice choice = detail::solve_knapsack(items, plan.budget_bytes);
   plan.solver_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   plan.exact = choice.exact;
@@ -199,7 +199,7 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
   }
   std::unordered_set<const OpCallProfile*> not_rerun;  // kept or offloaded
   for (size_t i = 0; i < choices.size(); ++i) {
-    const lab::CallChoice& c = choices[i];
+    const detail::CallChoice& c = choices[i];
     if (!plan.checkpointed[c.profile] || item_of_choice[i] == kNoItem) {
       continue;
     }
@@ -242,7 +242,7 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
   return plan;
 }
 
-namespace lab {
+namespace detail {
 
 BudgetedPlan plan_unchecked(const std::vector<RegionProfile>& profiles) {
   BudgetedPlan plan;
@@ -257,7 +257,7 @@ BudgetedPlan plan_unchecked(const std::vector<RegionProfile>& profiles) {
   return plan;
 }
 
-}  // namespace lab
+}  // namespace detail
 
 Policy budgeted_policy(const RegionProfile& profile, Budget budget,
                        std::optional<OffloadCost> offload, bool unchecked_regions) {

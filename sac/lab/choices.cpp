@@ -2,7 +2,7 @@
 
 #include <utility>
 
-namespace sac::lab {
+namespace sac::detail {
 
 LeftOut left_out(const OpCallProfile& call, const std::optional<OffloadCost>& offload) {
   if (offload.has_value() && call.device.type() != c10::kCPU) {
@@ -58,4 +58,4 @@ std::vector<CallChoice> choices_of(const RegionProfile& profile, size_t index,
   return choices;
 }
 
-}  // namespace sac::lab
+}  // namespace sac::detail

@@ -154,7 +154,7 @@ Explanation explain(const Policy& policy, const std::function<void()>& region) {
       },
       /*runs=*/1);
   auto demoted = [&](const c10::OperatorHandle& op, size_t call) {
-    for (const auto& d : cache_of(contexts)->demotions()) {
+    for (const auto& d : detail::cache_of(contexts)->demotions()) {
       if (d.call == call && d.op == op.operator_name()) {
         return true;
       }
@@ -165,11 +165,11 @@ Explanation explain(const Policy& policy, const std::function<void()>& region) {
   for (const auto& call : profiled.calls()) {
     ExplainedCall explained{call, std::nullopt, ExplainedCall::Outcome::NotDecided};
     const auto answer = rule->answer_for(call.op, call.call);
-    if (answer.has_value() && !is_tag(call.op)) {
+    if (answer.has_value() && !detail::is_tag(call.op)) {
       explained.answer = answer;
-      const bool kept = cache_of(contexts)->cached(call.op, call.call);
-      explained.outcome = kept ? is_offload(*answer) ? ExplainedCall::Outcome::Offloaded
-                                                     : ExplainedCall::Outcome::Saved
+      const bool kept = detail::cache_of(contexts)->cached(call.op, call.call);
+      explained.outcome = kept ? detail::is_offload(*answer) ? ExplainedCall::Outcome::Offloaded
+                                                             : ExplainedCall::Outcome::Saved
                           : demoted(call.op, call.call) ? ExplainedCall::Outcome::Demoted
                                                         : ExplainedCall::Outcome::Recomputed;
     }

@@ -7,7 +7,7 @@
 #include <numeric>
 #include <unordered_map>
 
-namespace sac::lab {
+namespace sac::detail {
 namespace {
 
 // Depth-first branch and bound over the items sorted by value per byte.
@@ -287,4 +287,4 @@ Choice solve_knapsack(const std::vector<Item>& items, int64_t capacity, size_t m
   return Search(items, capacity, max_nodes).run();
 }
 
-}  // namespace sac::lab
+}  // namespace sac::detail

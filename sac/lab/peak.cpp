@@ -23,10 +23,10 @@
 namespace sac {
 namespace {
 
-using lab::kNever;
-using lab::StepTrace;
-using lab::TracedCall;
-using lab::TracedRegion;
+using detail::kNever;
+using detail::StepTrace;
+using detail::TracedCall;
+using detail::TracedRegion;
 
 // Note [A plan's trace]
 // The measured step keeps nothing. Under a plan the step runs the same ops in the
@@ -327,9 +327,9 @@ PeakPlan cheapest_plan_that_fits(const StepPhases& step, const std::vector<Regio
 double least_cost_that_fits(const StepTrace& trace, const std::vector<int64_t>& live,
                             const std::vector<RegionProfile>& profiles, int64_t peak_bytes,
                             std::optional<OffloadCost> offload, const BudgetedPlan& best) {
-  std::vector<lab::CallChoice> choices;
+  std::vector<detail::CallChoice> choices;
   for (size_t r = 0; r < profiles.size(); ++r) {
-    for (auto& c : lab::choices_of(profiles[r], r, offload)) {
+    for (auto& c : detail::choices_of(profiles[r], r, offload)) {
       choices.push_back(std::move(c));
     }
   }
@@ -344,7 +344,7 @@ double least_cost_that_fits(const StepTrace& trace, const std::vector<int64_t>& 
     everything_seconds += choice.left.seconds;
   }
   auto bound_at = [&](size_t event) {
-    std::vector<lab::Item> items;
+    std::vector<detail::Item> items;
     int64_t capacity = peak_bytes - live[event];
     double taken = 0;
     for (size_t i = 0; i < choices.size(); ++i) {
@@ -359,7 +359,7 @@ double least_cost_that_fits(const StepTrace& trace, const std::vector<int64_t>& 
     if (capacity < 0) {
       return 0.0;
     }
-    const lab::Choice relaxed = lab::solve_knapsack(items, capacity);
+    const detail::Choice relaxed = detail::solve_knapsack(items, capacity);
     return taken + (relaxed.exact ? relaxed.value : relaxed.upper_bound);
   };
   double bound = everything_seconds;
@@ -446,7 +446,7 @@ std::pair<std::optional<int64_t>, std::string> measure_plain_step(const MemoryPr
 
 }  // namespace
 
-StepPhases::StepPhases(std::shared_ptr<const lab::StepTrace> trace)
+StepPhases::StepPhases(std::shared_ptr<const detail::StepTrace> trace)
     : trace_(std::move(trace)), live_(trace_->live()) {
   std::vector<StepPhase> phases = trace_->phases;
   for (StepPhase& phase : phases) {
@@ -515,7 +515,7 @@ PeakPlan StepPhases::plan_for_peak(const std::vector<RegionProfile>& profiles, i
   TORCH_CHECK(grid >= 2, "sac::StepPhases::plan_for_peak: grid must be at least 2.");
   if (plain_peak_.has_value() && *plain_peak_ <= peak_bytes) {
     PeakPlan plain;
-    plain.plan = lab::plan_unchecked(profiles);
+    plain.plan = detail::plan_unchecked(profiles);
     plain.peak_budget = peak_bytes;
     plain.predicted_peak = *plain_peak_;
     plain.exact = true;  // it recomputes nothing
@@ -588,7 +588,7 @@ MemoryProbe device_memory_probe(c10::Device device) {
 
 StepPhases measure_step_phases(const MemoryProbe& probe, const std::function<void()>& step,
                                const std::function<void()>& plain_step) {
-  StepPhases phases(std::make_shared<const lab::StepTrace>(lab::trace_step(probe, step)));
+  StepPhases phases(std::make_shared<const detail::StepTrace>(detail::trace_step(probe, step)));
   const int64_t left = phases.live_.empty() ? 0 : phases.live_.back();
   std::tie(phases.plain_peak_, phases.why_no_plain_peak_) =
       measure_plain_step(probe, plain_step ? plain_step : step, left);

@@ -104,13 +104,13 @@ struct PeakPlan {
   double solver_seconds = 0;
 };
 
-namespace lab {
+namespace detail {
 struct StepTrace;
 }
 
 class StepPhases {
  public:
-  explicit StepPhases(std::shared_ptr<const lab::StepTrace> trace);
+  explicit StepPhases(std::shared_ptr<const detail::StepTrace> trace);
 
   // The step's phases, in order.
   const std::vector<StepPhase>& phases() const;
@@ -159,7 +159,7 @@ class StepPhases {
   void print(std::ostream& out, const BudgetedPlan* plan = nullptr) const;
 
  private:
-  std::shared_ptr<const lab::StepTrace> trace_;
+  std::shared_ptr<const detail::StepTrace> trace_;
   std::vector<int64_t> live_;  // after each event
   std::vector<StepPhase> phases_;
   std::optional<int64_t> plain_peak_;

@@ -28,7 +28,7 @@ using Clock = std::chrono::steady_clock;
 c10::Device first_device(c10::ArrayRef<c10::IValue> outputs) {
   std::optional<c10::Device> device;
   for (const auto& output : outputs) {
-    dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
+    detail::for_each_tensor(output, [&](const at::Tensor& t) {
       if (!device.has_value() && t.defined()) {
         device = t.device();
       }
@@ -52,22 +52,22 @@ void share_storage(OpCallProfile& record, size_t index,
   }
 }
 
-class Profiler final : public dispatch::OpObserver {
+class Profiler final : public detail::OpObserver {
  public:
-  void before_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> args) override {
+  void before_op(const detail::ObservedOp& call, c10::ArrayRef<c10::IValue> args) override {
     for (const auto& arg : args) {
-      dispatch::for_each_tensor(arg, [&](const at::Tensor& t) { storages_.meet(t); });
+      detail::for_each_tensor(arg, [&](const at::Tensor& t) { storages_.meet(t); });
     }
     started_ = Clock::now();
   }
 
-  void after_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> outputs) override {
+  void after_op(const detail::ObservedOp& call, c10::ArrayRef<c10::IValue> outputs) override {
     const double seconds = std::chrono::duration<double>(Clock::now() - started_).count();
     OpCallProfile record{call.op};
     record.call = calls_of_[call.op]++;
     record.seconds = seconds;
     for (const auto& output : outputs) {
-      dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
+      detail::for_each_tensor(output, [&](const at::Tensor& t) {
         const int64_t bytes = storages_.meet(t);
         if (bytes > 0) {
           made_by_[t.storage().unsafeGetStorageImpl()] = records.size();
@@ -77,13 +77,13 @@ class Profiler final : public dispatch::OpObserver {
       });
     }
     record.device = first_device(outputs);
-    record.view = policy::is_view(call.op);
+    record.view = detail::is_view(call.op);
     record.in_place = call.op.schema().is_mutable();
-    record.random = policy::is_random(call.op);
-    record.collective = policy::is_collective(call.op);
-    record.cacheable = policy::is_cacheable(call.op);
+    record.random = detail::is_random(call.op);
+    record.collective = detail::is_collective(call.op);
+    record.cacheable = detail::is_cacheable(call.op);
     for (const auto& output : outputs) {
-      dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
+      detail::for_each_tensor(output, [&](const at::Tensor& t) {
         if (t.has_storage()) {
           auto& watch = watches_[t.storage().unsafeGetStorageImpl()];
           watch.writers.emplace_back(t);
@@ -156,7 +156,7 @@ class Profiler final : public dispatch::OpObserver {
   // Per storage an op returned a tensor on: the version counters of those
   // tensors since then, and the cacheable calls that returned it.
   struct StorageWatch {
-    std::vector<VersionWatch> writers;
+    std::vector<detail::VersionWatch> writers;
     std::vector<size_t> calls;
   };
   std::unordered_map<const c10::StorageImpl*, StorageWatch> watches_;
@@ -164,7 +164,7 @@ class Profiler final : public dispatch::OpObserver {
   std::unordered_map<const c10::StorageImpl*, size_t> made_by_;
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> made_;  // each once
   std::unordered_map<c10::OperatorHandle, size_t> calls_of_;
-  NewStorages storages_;
+  detail::NewStorages storages_;
   Clock::time_point started_;
 };
 
@@ -259,7 +259,7 @@ ProfiledRun profile_once(const detail::ProfiledRegion& region) {
   size_t calls_at_last_save = 0;
   detail::install_hooking_engine();
   {
-    dispatch::ObserverGuard observing(&profiler);
+    detail::ObserverGuard observing(&profiler);
     detail::SavedTensorHooksGuard saves(
         [&]() -> std::unique_ptr<torch::autograd::SavedVariableHooks> {
           calls_at_last_save = profiler.records.size();
@@ -294,7 +294,7 @@ RegionProfile detail::profile_region(const detail::ProfiledRegion& region, int r
     region(returned);
   }
   // Under per-op kernels, the cacheable ops must be intercepted to be seen.
-  dispatch::intercept_ops_matching(&policy::is_cacheable);
+  detail::intercept_ops_matching(&detail::is_cacheable);
   ProfiledRun first = profile_once(region);
   std::vector<OpCallProfile>& calls = first.calls;
   for (int run = 1; run < runs; ++run) {

@@ -20,7 +20,7 @@
 #include <unordered_map>
 #include <utility>
 
-namespace sac::lab {
+namespace sac::detail {
 namespace {
 
 // Note [The step's memory shares the profiler's slot]
@@ -42,7 +42,7 @@ namespace {
 // thread), this thread's region events and op calls.
 class Tracer final : public torch::profiler::impl::ProfilerStateBase,
                      public detail::RegionEvents,
-                     public dispatch::OpObserver {
+                     public detail::OpObserver {
  public:
   explicit Tracer(c10::Device device)
       : ProfilerStateBase(
@@ -128,9 +128,9 @@ class Tracer final : public torch::profiler::impl::ProfilerStateBase,
     // sac's checkpoint isolates its recomputation, which hides the step's
     // observers: look inside. Not a guard: if the recomputation throws, its
     // isolation drops this. (PyTorch's checkpoint isolates nothing.)
-    observing_recomputation_ = !dispatch::is_observing(this);
+    observing_recomputation_ = !detail::is_observing(this);
     if (observing_recomputation_) {
-      dispatch::add_observer(this);
+      detail::add_observer(this);
     }
   }
 
@@ -138,7 +138,7 @@ class Tracer final : public torch::profiler::impl::ProfilerStateBase,
     const int index = index_of(region);
     if (index >= 0 && index == recomputing_) {
       if (observing_recomputation_) {
-        dispatch::remove_observer(this);
+        detail::remove_observer(this);
       }
       trace_.regions[index].recompute_end = position();
       recomputing_ = -1;
@@ -160,14 +160,14 @@ class Tracer final : public torch::profiler::impl::ProfilerStateBase,
                              "prediction adds what a plan keeps");
   }
 
-  // ---- dispatch::OpObserver ---------------------------------------------------
+  // ---- detail::OpObserver ---------------------------------------------------
 
-  void before_op(const dispatch::ObservedOp&, c10::ArrayRef<c10::IValue>) override {
+  void before_op(const detail::ObservedOp&, c10::ArrayRef<c10::IValue>) override {
     check_slot();
     begins_.push_back(position());
   }
 
-  void after_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> outputs) override {
+  void after_op(const detail::ObservedOp& call, c10::ArrayRef<c10::IValue> outputs) override {
     check_slot();
     if (begins_.empty()) {
       return;
@@ -190,11 +190,11 @@ class Tracer final : public torch::profiler::impl::ProfilerStateBase,
     TracedCall traced;
     traced.begin = begin;
     traced.end = position();
-    traced.random = policy::is_random(call.op);
+    traced.random = detail::is_random(call.op);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       for (const auto& output : outputs) {
-        dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
+        detail::for_each_tensor(output, [&](const at::Tensor& t) {
           const void* data = t.has_storage() ? t.storage().data() : nullptr;
           const auto found = data != nullptr ? live_.find(const_cast<void*>(data)) : live_.end();
           traced.outputs.push_back(found != live_.end() ? found->second : kNever);
@@ -288,7 +288,7 @@ StepTrace trace_step(const MemoryProbe& probe, const std::function<void()>& step
   const int64_t rng_state_bytes =
       static_cast<int64_t>(at::detail::getDefaultCPUGenerator().get_state().nbytes());
   // Under per-op kernels, the cacheable ops must be intercepted to be seen.
-  dispatch::intercept_ops_matching(&policy::is_cacheable);
+  detail::intercept_ops_matching(&detail::is_cacheable);
   TORCH_CHECK(c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) == nullptr,
               "sac::measure_step_phases: a profiler is active on this thread "
               "(torch.profiler.profile, torch.autograd.profiler, or a RECORD_FUNCTION "
@@ -302,7 +302,7 @@ StepTrace trace_step(const MemoryProbe& probe, const std::function<void()>& step
   {
     c10::DebugInfoGuard reporting(c10::DebugInfoKind::PROFILER_STATE, tracer);
     detail::RegionEventsGuard listening(tracer.get());
-    dispatch::ObserverGuard observing(tracer.get());
+    detail::ObserverGuard observing(tracer.get());
     try {
       step();
     } catch (c10::Error& e) {
@@ -342,4 +342,4 @@ StepTrace trace_step(const MemoryProbe& probe, const std::function<void()>& step
   return trace;
 }
 
-}  // namespace sac::lab
+}  // namespace sac::detail

@@ -16,7 +16,7 @@ namespace sac {
 namespace {
 
 // What one OffloadGuard decided: which tensors move, and where.
-class Offloader final : public TensorStash, public std::enable_shared_from_this<Offloader> {
+class Offloader final : public detail::TensorStash, public std::enable_shared_from_this<Offloader> {
  public:
   explicit Offloader(OffloadOptions options) : options_(std::move(options)) {
     if (options_.target() == nullptr) {
@@ -56,12 +56,12 @@ class OffloadHooks final : public torch::autograd::SavedVariableHooks {
   void call_pack_hook(const at::Tensor& t) override {
     watch_.emplace(t);
     if (!offloader_->moves(t)) {
-      kept_ = detached_alias(t);
+      kept_ = detail::detached_alias(t);
       return;
     }
     // The copy's own ops belong to no region: no interceptor or observer
     // sees them, and autograd does not record them.
-    dispatch::IsolationGuard isolated;
+    detail::IsolationGuard isolated;
     c10::AutoGradMode no_grad(false);
     from_ = CopyTarget::Origin::of(t);
     copy_ = offloader_->target().copy_out(t);
@@ -79,14 +79,14 @@ class OffloadHooks final : public torch::autograd::SavedVariableHooks {
     if (kept_.defined()) {
       return kept_;
     }
-    dispatch::IsolationGuard isolated;
+    detail::IsolationGuard isolated;
     c10::AutoGradMode no_grad(false);
     return offloader_->target().copy_back(copy_, from_);
   }
 
  private:
   std::shared_ptr<const Offloader> offloader_;
-  std::optional<VersionWatch> watch_;
+  std::optional<detail::VersionWatch> watch_;
   at::Tensor kept_;
   at::Tensor copy_;
   CopyTarget::Origin from_;
@@ -103,7 +103,7 @@ OffloadGuard::OffloadGuard(OffloadOptions options) {
   auto offloader = std::make_shared<Offloader>(std::move(options));
   hooks_ =
       std::make_unique<detail::SavedTensorHooksGuard>([offloader] { return offloader->hooks(); });
-  stash_ = std::make_unique<StashScope>(offloader);
+  stash_ = std::make_unique<detail::StashScope>(offloader);
 }
 
 OffloadGuard::~OffloadGuard() = default;

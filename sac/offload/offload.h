@@ -33,9 +33,9 @@
 
 namespace sac {
 
-class StashScope;
 namespace detail {
 class SavedTensorHooksGuard;
+class StashScope;
 }  // namespace detail
 
 class OffloadOptions {
@@ -82,7 +82,7 @@ class OffloadGuard {
 
  private:
   std::unique_ptr<detail::SavedTensorHooksGuard> hooks_;
-  std::unique_ptr<StashScope> stash_;
+  std::unique_ptr<detail::StashScope> stash_;
 };
 
 }  // namespace sac

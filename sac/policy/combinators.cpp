@@ -12,7 +12,9 @@ namespace sac {
 namespace {
 
 // How much of a call's outputs an answer keeps on the device.
-int keep_rank(CheckpointPolicy answer) { return is_save(answer) ? 2 : is_offload(answer) ? 1 : 0; }
+int keep_rank(CheckpointPolicy answer) {
+  return detail::is_save(answer) ? 2 : detail::is_offload(answer) ? 1 : 0;
+}
 
 enum class Prefer { MostKept, LeastKept };
 
@@ -23,7 +25,7 @@ bool beats(CheckpointPolicy candidate, CheckpointPolicy best, Prefer prefer) {
     return prefer == Prefer::MostKept ? keep_rank(candidate) > keep_rank(best)
                                       : keep_rank(candidate) < keep_rank(best);
   }
-  return is_must(candidate) && !is_must(best);
+  return detail::is_must(candidate) && !detail::is_must(best);
 }
 
 std::string describe_all(const char* name, const std::vector<Policy>& policies) {
@@ -76,11 +78,12 @@ class ExceptRule final : public Policy::Rule {
                           c10::ArrayRef<c10::IValue> args) const override {
     const CheckpointPolicy answer = policy_.decide(ctx, op, args);
     const CheckpointPolicy exclusion = excluded_.decide(ctx, op, args);
-    if (!is_kept(exclusion)) {
+    if (!detail::is_kept(exclusion)) {
       return answer;
     }
-    return is_must(exclusion) || is_must(answer) ? CheckpointPolicy::MustRecompute
-                                                 : CheckpointPolicy::PreferRecompute;
+    return detail::is_must(exclusion) || detail::is_must(answer)
+               ? CheckpointPolicy::MustRecompute
+               : CheckpointPolicy::PreferRecompute;
   }
   // Only the policy's ops can be kept; the exclusion is asked about those,
   // and about its tags: a tag it keeps recomputes the tagged value's call.
@@ -147,8 +150,8 @@ template <class Test>
 bool every_tensor(c10::ArrayRef<c10::IValue> outputs, const Test& test) {
   bool all = true;
   for (const auto& output : outputs) {
-    dispatch::for_each_tensor(output,
-                              [&](const at::Tensor& t) { all = all && (!t.defined() || test(t)); });
+    detail::for_each_tensor(output,
+                            [&](const at::Tensor& t) { all = all && (!t.defined() || test(t)); });
   }
   return all;
 }
@@ -158,10 +161,11 @@ CheckpointPolicy keep_if_passed(CheckpointPolicy answer, bool passed) {
 }
 
 CheckpointPolicy offload_if_passed(CheckpointPolicy answer, bool passed) {
-  if (!passed || !is_save(answer)) {
+  if (!passed || !detail::is_save(answer)) {
     return answer;
   }
-  return is_must(answer) ? CheckpointPolicy::MustCpuOffload : CheckpointPolicy::PreferCpuOffload;
+  return detail::is_must(answer) ? CheckpointPolicy::MustCpuOffload
+                                 : CheckpointPolicy::PreferCpuOffload;
 }
 
 }  // namespace
@@ -211,7 +215,7 @@ Policy offload_if(Policy policy, int64_t min_bytes) {
       [min_bytes](c10::ArrayRef<c10::IValue> outputs) {
         int64_t bytes = 0;
         for (const auto& output : outputs) {
-          dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
+          detail::for_each_tensor(output, [&](const at::Tensor& t) {
             bytes += t.defined() ? static_cast<int64_t>(t.nbytes()) : 0;
           });
         }

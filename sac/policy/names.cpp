@@ -22,10 +22,10 @@ class NameRule final : public Policy::Rule {
 
   CheckpointPolicy decide(const SelectiveCheckpointContext&, const c10::OperatorHandle& op,
                           c10::ArrayRef<c10::IValue> args) const override {
-    if (!is_tag(op)) {
+    if (!detail::is_tag(op)) {
       return CheckpointPolicy::PreferRecompute;
     }
-    const auto it = answers_.find(tag_name(args));
+    const auto it = answers_.find(detail::tag_name(args));
     return it == answers_.end() ? otherwise_ : it->second;
   }
   Policy::Domain domain() const override {

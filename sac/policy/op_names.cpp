@@ -8,7 +8,7 @@
 #include <optional>
 #include <string>
 
-namespace sac::policy {
+namespace sac::detail {
 namespace {
 
 std::string display_name(const c10::OperatorName& name) {
@@ -123,4 +123,4 @@ std::vector<c10::OperatorHandle> resolve_op_name(std::string_view text) {
                            names.front(), "\"), or all of them with \"", base, ".*\"."));
 }
 
-}  // namespace sac::policy
+}  // namespace sac::detail

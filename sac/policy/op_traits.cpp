@@ -9,7 +9,7 @@
 #include <string>
 #include <unordered_map>
 
-namespace sac::policy {
+namespace sac::detail {
 namespace {
 
 // torch.utils.checkpoint.SAC_IGNORED_OPS in PyTorch 2.13.
@@ -32,7 +32,7 @@ constexpr std::array<std::pair<const char*, const char*>, 15> kIgnoredOpNames{{
 }};
 
 const std::vector<c10::OperatorHandle>& ignored_ops() {
-  static const std::vector<c10::OperatorHandle> ops = dispatch::registered_ops(kIgnoredOpNames);
+  static const std::vector<c10::OperatorHandle> ops = detail::registered_ops(kIgnoredOpNames);
   return ops;
 }
 
@@ -191,4 +191,4 @@ bool is_cacheable(const c10::OperatorHandle& op) {
   return it->second;
 }
 
-}  // namespace sac::policy
+}  // namespace sac::detail

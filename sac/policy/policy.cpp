@@ -29,11 +29,11 @@ std::string_view to_string(CheckpointPolicy policy) {
 // ---- Policy::Domain ------------------------------------------------------------
 
 bool Policy::Domain::contains(const c10::OperatorHandle& op) const {
-  if (is_tag(op)) {
+  if (detail::is_tag(op)) {
     return tags;
   }
   if (every_cacheable_op) {
-    return policy::is_cacheable(op);
+    return detail::is_cacheable(op);
   }
   return std::find(ops.begin(), ops.end(), op) != ops.end();
 }
@@ -113,11 +113,11 @@ std::vector<c10::OperatorHandle> resolve_cacheable(const std::vector<std::string
                                                    const char* factory) {
   std::vector<c10::OperatorHandle> ops;
   for (const auto& name : op_names) {
-    const auto resolved = policy::resolve_op_name(name);
+    const auto resolved = detail::resolve_op_name(name);
     const bool explicit_all = name.size() > 2 && name.substr(name.size() - 2) == ".*";
     size_t kept = 0;
     for (const auto& op : resolved) {
-      const auto why_not = policy::why_never_cached(op);
+      const auto why_not = detail::why_never_cached(op);
       if (why_not.has_value()) {
         // "ns::name.*" asks for the overloads that can be cached; naming
         // one op that never can is a mistake to report.
@@ -169,7 +169,7 @@ Policy Policy::answer_ops(std::vector<c10::OperatorHandle> ops, CheckpointPolicy
                           std::string description) {
   if (answer != CheckpointPolicy::PreferRecompute && answer != CheckpointPolicy::MustRecompute) {
     for (const auto& op : ops) {
-      TORCH_CHECK(!dispatch::mechanism_misses(op), "sac: ", description, " names ",
+      TORCH_CHECK(!detail::mechanism_misses(op), "sac: ", description, " names ",
                   op.operator_name(),
                   ", whose calls through LibTorch's torch:: factory "
                   "functions (torch::zeros, torch::arange, torch::randn_like, ...) sac's "
@@ -194,20 +194,20 @@ Policy Policy::from_fn(BoolFn fn) {
   return from_fn(
       Fn([fn = std::move(fn)](const SelectiveCheckpointContext& ctx, const c10::OperatorHandle& op,
                               c10::ArrayRef<c10::IValue> args) {
-        return policy_from_bool(fn(ctx, op, args));
+        return detail::policy_from_bool(fn(ctx, op, args));
       }));
 }
 
-bool Policy::is_tag_op(const c10::OperatorHandle& op) { return is_tag(op); }
+bool Policy::is_tag_op(const c10::OperatorHandle& op) { return detail::is_tag(op); }
 
 void Policy::prepare_interception() const {
   if (domain_->every_cacheable_op) {
-    dispatch::intercept_ops_matching(&policy::is_cacheable);
+    detail::intercept_ops_matching(&detail::is_cacheable);
   } else {
-    dispatch::intercept_ops(domain_->ops);
+    detail::intercept_ops(domain_->ops);
   }
   if (domain_->tags) {
-    dispatch::intercept_ops({tag_op()});
+    detail::intercept_ops({detail::tag_op()});
   }
 }
 

@@ -24,7 +24,7 @@ std::vector<c10::OperatorHandle> registered(const std::vector<std::string>& name
     const std::string base = name.substr(0, dot);
     const std::string overload = dot == std::string::npos ? "" : name.substr(dot + 1);
     auto op = c10::Dispatcher::singleton().findOp({base, overload});
-    if (op.has_value() && policy::is_cacheable(*op)) {
+    if (op.has_value() && detail::is_cacheable(*op)) {
       ops.push_back(*op);
     }
   }
@@ -42,7 +42,7 @@ class EveryOpRule final : public Policy::Rule {
   }
   Policy::Domain domain() const override {
     // Recomputing everything needs to see nothing.
-    return is_kept(answer_) ? Policy::Domain::every_cacheable() : Policy::Domain();
+    return detail::is_kept(answer_) ? Policy::Domain::every_cacheable() : Policy::Domain();
   }
   std::string describe() const override { return name_; }
 
@@ -58,7 +58,7 @@ class LargerThanRule final : public Policy::Rule {
                           c10::ArrayRef<c10::IValue>) const override {
     int64_t total = 0;
     for (const auto& output : ctx.op_output) {
-      dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
+      detail::for_each_tensor(output, [&](const at::Tensor& t) {
         total += static_cast<int64_t>(t.nbytes());
       });
     }
@@ -193,7 +193,7 @@ class ShapeDecidingRule final : public Policy::Rule {
     }
     bool to_host = false;
     for (const auto& output : ctx.op_output) {
-      dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
+      detail::for_each_tensor(output, [&](const at::Tensor& t) {
         to_host = to_host || t.device().is_cpu();
       });
     }

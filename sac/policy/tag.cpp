@@ -20,7 +20,7 @@ at::Tensor tag_value(const at::Tensor& self, c10::string_view) { return self; }
 // sac's interception (below autograd, on ADInplaceOrView or the fallback
 // key) sees the call and its name.
 at::Tensor tag_autograd(c10::DispatchKeySet ks, const at::Tensor& self, c10::string_view name) {
-  static const auto op = tag_op().typed<TagSignature>();
+  static const auto op = detail::tag_op().typed<TagSignature>();
   op.redispatch(ks & c10::after_autograd_keyset, self, name);
   return self;
 }
@@ -33,7 +33,7 @@ TORCH_LIBRARY(sac, m) {
   m.impl("tag", c10::DispatchKey::Autograd, TORCH_FN(tag_autograd));
 }
 
-const c10::OperatorHandle& tag_op() {
+const c10::OperatorHandle& detail::tag_op() {
   static const c10::OperatorHandle op =
       c10::Dispatcher::singleton().findSchemaOrThrow("sac::tag", "");
   return op;
@@ -45,7 +45,7 @@ at::Tensor tag(const at::Tensor& t, std::string_view name) {
               "tag the tensor an op returned.");
   TORCH_CHECK(!name.empty(), "sac::tag got an empty name; give the value a name "
                              "that a name policy (sac/policy/names.h) can refer to.");
-  static const auto op = tag_op().typed<TagSignature>();
+  static const auto op = detail::tag_op().typed<TagSignature>();
   return op.call(t, c10::string_view(name.data(), name.size()));
 }
 

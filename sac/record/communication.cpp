@@ -16,7 +16,7 @@
 #include <sstream>
 #include <unordered_map>
 
-namespace sac::record {
+namespace sac::detail {
 namespace {
 
 struct NamedGroup {
@@ -45,7 +45,7 @@ std::optional<NamedGroup> group_of(const c10::OperatorHandle& op, c10::ArrayRef<
 std::optional<c10::Device> device_of(c10::ArrayRef<c10::IValue> args) {
   std::optional<c10::Device> device;
   for (const c10::IValue& arg : args) {
-    dispatch::for_each_tensor(arg, [&](const at::Tensor& t) {
+    detail::for_each_tensor(arg, [&](const at::Tensor& t) {
       if (!device.has_value()) {
         device = t.device();
       }
@@ -94,7 +94,7 @@ void Communication::note(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValu
     }
   }
   const std::string call =
-      c10::str(op.operator_name(), "(", policy::collective_signature(args), ")");
+      c10::str(op.operator_name(), "(", detail::collective_signature(args), ")");
   const int64_t index = next_index(group->group.get());
   if (entry == nullptr) {
     Group added;
@@ -112,7 +112,7 @@ void Communication::note(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValu
 
 size_t Communication::agree() const {
   // sac's own collectives: no observer or cache of a region sees them.
-  dispatch::IsolationGuard unseen;
+  detail::IsolationGuard unseen;
   for (const Group& entry : groups_) {
     auto group = c10::static_intrusive_pointer_cast<c10d::ProcessGroup>(entry.group);
     const int64_t ranks = group->getSize();
@@ -167,4 +167,4 @@ void wait_for_work(c10::ArrayRef<c10::IValue> outputs) {
   }
 }
 
-}  // namespace sac::record
+}  // namespace sac::detail

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <unordered_set>
 
-namespace sac::record {
+namespace sac::detail {
 namespace {
 
 // How ops whose schemas do not declare what they write write their
@@ -52,12 +52,13 @@ bool reads_argument(const c10::OperatorHandle& op, size_t index) {
   if (alias == nullptr) {
     return true;
   }
-  return alias->isWrite() && !dispatch::overwrites_argument(op, index);
+  return alias->isWrite() && !detail::overwrites_argument(op, index);
 }
 
-bool writes_argument(const c10::OperatorHandle& op, size_t index, c10::ArrayRef<c10::IValue> args) {
+bool writes_argument_declared_or_not(const c10::OperatorHandle& op, size_t index,
+                                     c10::ArrayRef<c10::IValue> args) {
   const UndeclaredWrite undeclared = undeclared_write(op, index);
-  return undeclared == UndeclaredWrite::NotThisOp ? dispatch::writes_argument(op, index, args)
+  return undeclared == UndeclaredWrite::NotThisOp ? detail::writes_argument(op, index, args)
                                                   : undeclared != UndeclaredWrite::None;
 }
 
@@ -81,7 +82,7 @@ bool traced(c10::ArrayRef<c10::IValue> args) {
   }
   bool meta = false;
   for (const c10::IValue& arg : args) {
-    dispatch::for_each_tensor(arg, [&](const at::Tensor& t) { meta = meta || t.is_meta(); });
+    detail::for_each_tensor(arg, [&](const at::Tensor& t) { meta = meta || t.is_meta(); });
   }
   return meta;
 }
@@ -155,7 +156,7 @@ at::Tensor whole_storage(const at::Tensor& t) {
   c10::intrusive_ptr<c10::TensorImpl> whole = impl->shallow_copy_and_detach(
       /*version_counter=*/impl->version_counter(),
       /*allow_tensor_metadata_change=*/true);
-  if (!dispatch::spans_storage(t)) {
+  if (!detail::spans_storage(t)) {
     const int64_t elements = static_cast<int64_t>(t.storage().nbytes() / t.itemsize());
     const int64_t stride = 1;
     whole->set_sizes_and_strides(c10::IntArrayRef(elements), c10::IntArrayRef(stride),
@@ -177,7 +178,7 @@ bool differs_from(const c10::Storage& storage, const at::Tensor& bytes) {
 
 }  // namespace
 
-Recorder::Recorder(Recording& recording, const dispatch::OpInterceptor* region_interceptor,
+Recorder::Recorder(Recording& recording, const detail::OpInterceptor* region_interceptor,
                    SaveOutside save_outside)
     : recording_(recording),
       region_interceptor_(region_interceptor),
@@ -199,12 +200,12 @@ void Recorder::finish() {
   save_outside_ = nullptr;
 }
 
-void Recorder::before_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> args) {
+void Recorder::before_op(const detail::ObservedOp& call, c10::ArrayRef<c10::IValue> args) {
   pending_.reset();
   pending_host_writes_.clear();
   const c10::OperatorHandle& op = call.op;
   refuse_a_trace(op, args);
-  if (policy::communicates(op)) {
+  if (detail::communicates(op)) {
     recording_.communication.note(op, args);
   }
   // The copies and constants a call needs are made before it runs, reads
@@ -213,7 +214,7 @@ void Recorder::before_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IV
   // running statistics) reads the copy in replay.
   for (size_t i = 0; i < args.size(); ++i) {
     if (reads_argument(op, i)) {
-      dispatch::for_each_tensor(args[i], [&](const at::Tensor& t) {
+      detail::for_each_tensor(args[i], [&](const at::Tensor& t) {
         before_read(t);
         note_read(t);
       });
@@ -221,10 +222,10 @@ void Recorder::before_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IV
   }
   bool writes_any = false;
   for (size_t i = 0; i < args.size(); ++i) {
-    if (writes_argument(op, i, args)) {
+    if (writes_argument_declared_or_not(op, i, args)) {
       writes_any = true;
       const bool whole = !reads_argument(op, i);
-      dispatch::for_each_tensor(args[i], [&](const at::Tensor& t) { before_write(t, whole); });
+      detail::for_each_tensor(args[i], [&](const at::Tensor& t) { before_write(t, whole); });
     }
   }
   Call recorded(op);
@@ -238,7 +239,7 @@ void Recorder::before_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IV
   pending_ = std::move(recorded);
 }
 
-void Recorder::after_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> outputs) {
+void Recorder::after_op(const detail::ObservedOp& call, c10::ArrayRef<c10::IValue> outputs) {
   if (!pending_.has_value() || pending_->op != call.op) {
     pending_.reset();
     return;
@@ -249,10 +250,10 @@ void Recorder::after_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IVa
     state->seen = copy_bytes(c10::Storage(state->storage.lock()));
   }
   pending_host_writes_.clear();
-  const bool fresh_memory = policy::makes_uninitialized_memory(recorded.op);
+  const bool fresh_memory = detail::makes_uninitialized_memory(recorded.op);
   recorded.first_output = recording_.values;
   for (const auto& output : outputs) {
-    dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
+    detail::for_each_tensor(output, [&](const at::Tensor& t) {
       const ValueId value = recording_.new_value();
       remember(t, value);
       if (fresh_memory) {
@@ -369,7 +370,7 @@ ValueId Recorder::add_outside(const at::Tensor& t) {
   state.outside.push_back(index);
   watch_read(t, index);
   const ValueId value = recording_.outside[index].value;
-  if (dispatch::spans_storage(t)) {
+  if (detail::spans_storage(t)) {
     remember(t, value);
     return value;
   }
@@ -439,7 +440,7 @@ void Recorder::before_write(const at::Tensor& t, bool whole) {
     return;
   }
   if (known_.count(t.unsafeGetTensorImpl()) == 0 && storage_of(t) == nullptr && owns_memory(t)) {
-    if (!(whole && dispatch::spans_storage(t))) {
+    if (!(whole && detail::spans_storage(t))) {
       // Outside memory seen first by a write: copied before it is named, so
       // that it is not saved as well.
       take_snapshot(t, state_of(t));
@@ -447,8 +448,8 @@ void Recorder::before_write(const at::Tensor& t, bool whole) {
   }
   resolve(t);
   StorageState& state = *storage_of(t);
-  if (whole && dispatch::spans_storage(t) && !state.outside.empty() &&
-      !state.snapshot.has_value() && read_.count(t.storage().unsafeGetStorageImpl()) == 0) {
+  if (whole && detail::spans_storage(t) && !state.outside.empty() && !state.snapshot.has_value() &&
+      read_.count(t.storage().unsafeGetStorageImpl()) == 0) {
     // Outside memory that the region overwrites whole before anything read
     // it (FSDP copies gathered parameters into theirs): what it held is
     // never read, so nothing of it is kept, and replay makes it anew.
@@ -459,7 +460,7 @@ void Recorder::before_write(const at::Tensor& t, bool whole) {
     state.outside.clear();
   }
   if (state.host_written) {
-    if (whole && dispatch::spans_storage(t) && !state.foreign) {
+    if (whole && detail::spans_storage(t) && !state.foreign) {
       // An op makes every byte: host code wrote nothing that stays.
       state.host_written = false;
       state.seen = at::Tensor();
@@ -488,7 +489,7 @@ void Recorder::take_snapshot(const at::Tensor& t, StorageState& state) {
 
 at::Tensor Recorder::copy_bytes(const c10::Storage& storage) {
   // Called from autograd's hooks (mark) too: no observer sees the copy.
-  dispatch::IsolationGuard unseen;
+  detail::IsolationGuard unseen;
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return bytes_of(storage).clone();
 }
@@ -519,4 +520,4 @@ void Recorder::fill_if_changed(const at::Tensor& t, StorageState& state) {
   recording_.fills.push_back({value, snapshot});
 }
 
-}  // namespace sac::record
+}  // namespace sac::detail

@@ -5,7 +5,7 @@
 
 #include <sstream>
 
-namespace sac::record {
+namespace sac::detail {
 
 at::Tensor bytes_of(const c10::Storage& storage) {
   // sac's own view: no profiler or RecordFunction callback (the value
@@ -62,4 +62,4 @@ std::string Recording::str() const {
   return out.str();
 }
 
-}  // namespace sac::record
+}  // namespace sac::detail

@@ -10,7 +10,7 @@
 #include <ATen/ops/empty_strided.h>
 #include <c10/util/Exception.h>
 
-namespace sac::record {
+namespace sac::detail {
 namespace {
 
 constexpr size_t kNever = static_cast<size_t>(-1);
@@ -134,13 +134,13 @@ class Replay {
       case Instruction::Kind::Outside: load_outside(instruction.index); return;
       case Instruction::Kind::Fill: {
         const Fill& fill = recording_.fills[instruction.index];
-        dispatch::IsolationGuard unseen;
+        detail::IsolationGuard unseen;
         bytes_of(value(fill.value).storage()).copy_(recording_.snapshots[fill.snapshot]);
         return;
       }
       case Instruction::Kind::Alias: {
         const Alias& alias = recording_.aliases[instruction.index];
-        dispatch::IsolationGuard unseen;
+        detail::IsolationGuard unseen;
         values_[alias.value] =
             value(alias.base).as_strided(alias.sizes, alias.strides, alias.storage_offset);
         return;
@@ -157,14 +157,14 @@ class Replay {
     for (const Argument& argument : call.arguments) {
       stack_.push_back(argument_value(argument));
     }
-    dispatch::call_op(call.op, call.below, call.intercepted, &stack_);
-    if (policy::communicates(call.op)) {
+    detail::call_op(call.op, call.below, call.intercepted, &stack_);
+    if (detail::communicates(call.op)) {
       wait_for_work(stack_);
     }
     ValueId next = call.first_output;
     const ValueId end = call.first_output + call.outputs;
     for (const auto& output : stack_) {
-      dispatch::for_each_tensor(output, [&](const at::Tensor& t) {
+      detail::for_each_tensor(output, [&](const at::Tensor& t) {
         SAC_CHECKPOINT_CHECK(next < end, "sac::CheckpointRegion: replaying ",
                              call.op.operator_name(), " returned more tensors (",
                              next - call.first_output + 1, "+) than in the forward (", call.outputs,
@@ -203,7 +203,7 @@ class Replay {
   void load_outside(size_t index) {
     const Outside& outside = recording_.outside[index];
     if (outside.fresh) {
-      dispatch::IsolationGuard unseen;
+      detail::IsolationGuard unseen;
       values_[outside.value] = at::empty_strided(outside.sizes, outside.strides, outside.options);
       return;
     }
@@ -213,7 +213,7 @@ class Replay {
                             "sac: an outside tensor of a recording was not given to replay");
       return;
     }
-    dispatch::IsolationGuard unseen;
+    detail::IsolationGuard unseen;
     at::Tensor& copy = copies_[*outside.snapshot];
     if (!copy.defined()) {
       copy = recording_.snapshots[*outside.snapshot].clone();
@@ -245,4 +245,4 @@ void replay(const Recording& recording, std::vector<at::Tensor> outside, const M
   Replay(recording, std::move(outside), on_mark).run(agreements);
 }
 
-}  // namespace sac::record
+}  // namespace sac::detail

@@ -10,7 +10,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/TensorImpl.h>
 
-namespace sac {
+namespace sac::detail {
 
 inline at::Tensor detached_alias(const at::Tensor& t) {
   if (!t.defined()) {
@@ -22,4 +22,4 @@ inline at::Tensor detached_alias(const at::Tensor& t) {
       /*allow_tensor_metadata_change=*/true));
 }
 
-}  // namespace sac
+}  // namespace sac::detail

@@ -17,7 +17,7 @@
 
 #include <memory>
 
-namespace sac {
+namespace sac::detail {
 
 class DeviceOps {
  public:
@@ -62,4 +62,4 @@ std::shared_ptr<DeviceOps> device_ops();
 // of its operations with a fake on the CPU.
 std::shared_ptr<CopyTarget> host_memory(std::shared_ptr<DeviceOps> ops);
 
-}  // namespace sac
+}  // namespace sac::detail

@@ -28,7 +28,7 @@
 #include <utility>
 #include <vector>
 
-namespace sac {
+namespace sac::detail {
 
 template <class V>
 class PointerMap {
@@ -199,4 +199,4 @@ class PointerMap {
   unsigned shift_ = 64;
 };
 
-}  // namespace sac
+}  // namespace sac::detail

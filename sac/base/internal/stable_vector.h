@@ -18,7 +18,7 @@
 #include <new>
 #include <utility>
 
-namespace sac {
+namespace sac::detail {
 
 template <class T>
 class StableVector {
@@ -109,4 +109,4 @@ class StableVector {
   T* end_ = nullptr;   // the last segment's end
 };
 
-}  // namespace sac
+}  // namespace sac::detail

@@ -14,7 +14,7 @@
 
 #include <memory>
 
-namespace sac {
+namespace sac::detail {
 
 class TensorStash {
  public:
@@ -59,4 +59,4 @@ class StashScope {
   TensorStash* outer_;
 };
 
-}  // namespace sac
+}  // namespace sac::detail

@@ -8,7 +8,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/StorageImpl.h>
 
-namespace sac {
+namespace sac::detail {
 
 // The StorageImpl under `t`, or null for an undefined tensor or one without
 // storage (sparse, nested, ...).
@@ -16,4 +16,4 @@ inline const c10::StorageImpl* storage_key(const at::Tensor& t) {
   return t.defined() ? t.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl() : nullptr;
 }
 
-}  // namespace sac
+}  // namespace sac::detail

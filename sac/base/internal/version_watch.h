@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <cstring>
 
-namespace sac {
+namespace sac::detail {
 
 // The identity of a version counter: equal for tensors that share one
 // (a tensor and its views), distinct otherwise, stable while the counter
@@ -48,4 +48,4 @@ class VersionWatch {
   uint32_t version_;
 };
 
-}  // namespace sac
+}  // namespace sac::detail

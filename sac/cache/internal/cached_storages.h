@@ -24,7 +24,7 @@
 #include <optional>
 #include <vector>
 
-namespace sac {
+namespace sac::detail {
 
 class CachedStorages {
  public:
@@ -82,4 +82,4 @@ class CachedStorages {
   size_t bytes_ = 0;
 };
 
-}  // namespace sac
+}  // namespace sac::detail

@@ -26,7 +26,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace sac {
+namespace sac::detail {
 
 class CollectiveLedger {
  public:
@@ -47,4 +47,4 @@ class CollectiveLedger {
   std::unordered_map<c10::OperatorHandle, std::vector<std::string>> calls_;
 };
 
-}  // namespace sac
+}  // namespace sac::detail

@@ -63,12 +63,12 @@
 #include <unordered_set>
 #include <vector>
 
-namespace sac {
+namespace sac::detail {
 
 // What both modes share: a policy, a cache, and interception of the thread's
 // ops while entered. Entries nest; the outermost entry and exit are where a
 // mode starts and finishes its pass.
-class SelectiveMode : public RegionContext, protected dispatch::OpInterceptor {
+class SelectiveMode : public RegionContext, protected detail::OpInterceptor {
  public:
   void enter() override;
   void exit() override;
@@ -88,13 +88,13 @@ class SelectiveMode : public RegionContext, protected dispatch::OpInterceptor {
   // and mode: a policy and an op's traits never change.
   struct OpFacts {
     bool decided;       // the policy decides about it (Policy::decides_about)
-    bool collective;    // it issues a functional collective (policy::issues_collective)
-    bool communicates;  // any collective, c10d's own included (policy::communicates)
+    bool collective;    // it issues a functional collective (detail::issues_collective)
+    bool communicates;  // any collective, c10d's own included (detail::communicates)
     bool tag;           // sac::tag
-    bool random;        // it draws from a generator (policy::is_random)
+    bool random;        // it draws from a generator (detail::is_random)
   };
   OpFacts facts(const c10::OperatorHandle& op) {
-    if (const OpFacts* known = facts_.find(dispatch::op_key(op))) {
+    if (const OpFacts* known = facts_.find(detail::op_key(op))) {
       return *known;
     }
     return learn(op);
@@ -106,8 +106,8 @@ class SelectiveMode : public RegionContext, protected dispatch::OpInterceptor {
   std::shared_ptr<RegionStatistics> statistics_;  // null: not counting
 
  private:
-  std::vector<dispatch::InterceptorToken> entries_;
-  PointerMap<OpFacts> facts_;  // by dispatch::op_key
+  std::vector<detail::InterceptorToken> entries_;
+  PointerMap<OpFacts> facts_;  // by detail::op_key
 };
 
 class CachingMode final : public SelectiveMode {
@@ -164,8 +164,8 @@ class CachedMode final : public SelectiveMode {
                  torch::jit::Stack* stack) override;
 
   bool allow_cache_entry_mutation_;
-  PointerMap<size_t> next_call_;        // by dispatch::op_key
-  PointerMap<size_t> next_collective_;  // by dispatch::op_key
+  PointerMap<size_t> next_call_;        // by detail::op_key
+  PointerMap<size_t> next_collective_;  // by detail::op_key
   RegionStatistics::Counts pass_;       // this pass's, so far
   std::chrono::steady_clock::time_point pass_started_;
   // The backward pass this recomputation runs in, and what it served to a
@@ -177,4 +177,4 @@ class CachedMode final : public SelectiveMode {
 // The cache a pair of modes shares: what the lab and the tests read.
 std::shared_ptr<OpCache> cache_of(const SelectiveCheckpointContexts& modes);
 
-}  // namespace sac
+}  // namespace sac::detail

@@ -11,7 +11,7 @@
 #include <unordered_set>
 #include <vector>
 
-namespace sac {
+namespace sac::detail {
 
 class NewStorages {
  public:
@@ -40,4 +40,4 @@ class NewStorages {
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> pins_;
 };
 
-}  // namespace sac
+}  // namespace sac::detail

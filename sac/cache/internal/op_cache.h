@@ -33,7 +33,7 @@
 #include <utility>
 #include <vector>
 
-namespace sac {
+namespace sac::detail {
 
 // A random generator together with its state right after a saved random op
 // drew from it in forward. Serving the op's outputs restores that state, so
@@ -300,7 +300,7 @@ class OpCache {
   // how, or nullopt.
   std::optional<std::pair<size_t, std::string>> first_modified(const Entry& call) const;
 
-  PointerMap<OpCalls> ops_;                   // by dispatch::op_key
+  PointerMap<OpCalls> ops_;                   // by detail::op_key
   mutable const void* latest_key_ = nullptr;  // see calls_of
   mutable OpCalls* latest_calls_ = nullptr;
   StableVector<Entry> entries_;  // the entries, in the order recorded
@@ -313,4 +313,4 @@ class OpCache {
   CollectiveLedger collectives_;
 };
 
-}  // namespace sac
+}  // namespace sac::detail

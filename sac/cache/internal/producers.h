@@ -20,7 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace sac {
+namespace sac::detail {
 
 class Producers {
  public:
@@ -63,4 +63,4 @@ class Producers {
   std::vector<at::Tensor> latest_;
 };
 
-}  // namespace sac
+}  // namespace sac::detail

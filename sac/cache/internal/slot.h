@@ -19,7 +19,7 @@
 #include <memory>
 #include <optional>
 
-namespace sac {
+namespace sac::detail {
 
 struct Slot {
   explicit Slot(const at::Tensor& t) : version(t) {}
@@ -54,4 +54,4 @@ struct Slot {
   void unhold(CachedStorages& storages);
 };
 
-}  // namespace sac
+}  // namespace sac::detail

@@ -27,12 +27,12 @@ class ForwardScope {
   // shown to it too), the op log in debug mode, and the saved tensors'
   // origins with the value check.
   ForwardScope(const char* name, std::shared_ptr<CheckpointFrame> frame, const FrameConfig& config,
-               const std::function<dispatch::OpObserver*()>& observer)
+               const std::function<detail::OpObserver*()>& observer)
       : profiler_(name), frame_(std::move(frame)) {
     hooks_.emplace(frame_->forward_hooks());
     context_.emplace(frame_->forward_context());
     frame_->mark_forward_entered();
-    if (dispatch::OpObserver* made = observer ? observer() : nullptr) {
+    if (detail::OpObserver* made = observer ? observer() : nullptr) {
       observer_.emplace(made);
       in_place_reads_.emplace(made);
     }
@@ -53,7 +53,7 @@ class ForwardScope {
   std::shared_ptr<CheckpointFrame> frame_;
   std::optional<SavedTensorHooksGuard> hooks_;
   std::optional<RegionContext::Scope> context_;
-  std::optional<dispatch::ObserverGuard> observer_;
+  std::optional<detail::ObserverGuard> observer_;
   std::optional<InPlaceReadsScope> in_place_reads_;
   std::optional<OpLogScope> log_;
   std::optional<OriginScope> origins_;

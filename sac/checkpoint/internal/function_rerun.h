@@ -32,7 +32,7 @@ class FunctionRerun final : public Recomputation {
   void save_inputs(const std::vector<at::Tensor>& inputs);
 
   // What observes the forward's ops, or null (outside-tensor check off).
-  dispatch::OpObserver* forward_observer() {
+  detail::OpObserver* forward_observer() {
     return outside_tensors_ ? outside_tensors_->forward_observer() : nullptr;
   }
 

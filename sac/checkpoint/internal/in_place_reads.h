@@ -27,9 +27,9 @@ namespace sac::detail {
 
 class InPlaceReadsScope {
  public:
-  // `observer` is also added to the thread (dispatch::ObserverGuard) by the
+  // `observer` is also added to the thread (detail::ObserverGuard) by the
   // caller, which keeps it alive; an isolation hides it here too.
-  explicit InPlaceReadsScope(dispatch::OpObserver* observer);
+  explicit InPlaceReadsScope(detail::OpObserver* observer);
   ~InPlaceReadsScope();
   InPlaceReadsScope(const InPlaceReadsScope&) = delete;
   InPlaceReadsScope& operator=(const InPlaceReadsScope&) = delete;
@@ -39,26 +39,26 @@ class InPlaceReadsScope {
 
   // From the callback: the observer sees `call`, unless an isolation hides
   // it; what it throws is kept.
-  void observe(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> args);
+  void observe(const detail::ObservedOp& call, c10::ArrayRef<c10::IValue> args);
 
  private:
   // Throws the pending error at the next op an observer sees.
-  class Rethrow final : public dispatch::OpObserver {
+  class Rethrow final : public detail::OpObserver {
    public:
     explicit Rethrow(InPlaceReadsScope& scope) : scope_(scope) {}
-    void before_op(const dispatch::ObservedOp&, c10::ArrayRef<c10::IValue>) override {
+    void before_op(const detail::ObservedOp&, c10::ArrayRef<c10::IValue>) override {
       scope_.rethrow_pending();
     }
-    void after_op(const dispatch::ObservedOp&, c10::ArrayRef<c10::IValue>) override {}
+    void after_op(const detail::ObservedOp&, c10::ArrayRef<c10::IValue>) override {}
 
    private:
     InPlaceReadsScope& scope_;
   };
 
-  dispatch::OpObserver* observer_;
+  detail::OpObserver* observer_;
   std::exception_ptr pending_;
   Rethrow rethrow_{*this};
-  std::optional<dispatch::ObserverGuard> rethrow_guard_;
+  std::optional<detail::ObserverGuard> rethrow_guard_;
   bool active_ = false;
 };
 

@@ -41,11 +41,11 @@ class OutsideTensorWatch {
   OutsideTensorWatch& operator=(const OutsideTensorWatch&) = delete;
 
   // Add this on the thread for the region's forward: it notes reads.
-  dispatch::OpObserver* forward_observer() { return &noter_; }
+  detail::OpObserver* forward_observer() { return &noter_; }
   // Add this on the thread for each recomputation: it checks reads. (A
   // backward inside the region's forward can recompute while the forward
   // still records: two observers, not one with a mode.)
-  dispatch::OpObserver* recompute_observer() { return &checker_; }
+  detail::OpObserver* recompute_observer() { return &checker_; }
 
   // Whether the forward overwrote whole before any op read it, or made, the
   // tensors of version counter `counter` (Note [Overwritten before read]).
@@ -61,20 +61,20 @@ class OutsideTensorWatch {
     ReadWatch first_read;  // keeps the counter, so its identity stays unique
     Origin origin;
   };
-  class Noter final : public dispatch::OpObserver {
+  class Noter final : public detail::OpObserver {
    public:
     explicit Noter(OutsideTensorWatch& watch) : watch_(watch) {}
-    void before_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> args) override;
-    void after_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> outputs) override;
+    void before_op(const detail::ObservedOp& call, c10::ArrayRef<c10::IValue> args) override;
+    void after_op(const detail::ObservedOp& call, c10::ArrayRef<c10::IValue> outputs) override;
 
    private:
     OutsideTensorWatch& watch_;
   };
-  class Checker final : public dispatch::OpObserver {
+  class Checker final : public detail::OpObserver {
    public:
     explicit Checker(const OutsideTensorWatch& watch) : watch_(watch) {}
-    void before_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> args) override;
-    void after_op(const dispatch::ObservedOp&, c10::ArrayRef<c10::IValue>) override {}
+    void before_op(const detail::ObservedOp& call, c10::ArrayRef<c10::IValue> args) override;
+    void after_op(const detail::ObservedOp&, c10::ArrayRef<c10::IValue>) override {}
 
    private:
     const OutsideTensorWatch& watch_;

@@ -20,7 +20,7 @@ struct RecordedOp {
   bool view = false;                          // makes no values (a view, set_)
   bool uninitialized = false;                 // returns memory it does not write (aten::empty)
   bool writes_argument = false;               // in-place or out= by its schema
-  bool random = false;                        // draws from a generator (policy::is_random)
+  bool random = false;                        // draws from a generator (detail::is_random)
   // Arguments that hold state the op updates whatever its schema says (a
   // batch norm's running_mean and running_var): values that any run of such
   // an op, in any region or recomputation, may have changed.

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-namespace sac::dispatch {
+namespace sac::detail {
 
 // The arguments of `op` on `stack`, before it runs.
 inline c10::ArrayRef<c10::IValue> arguments_on(const c10::OperatorHandle& op,
@@ -72,4 +72,4 @@ void for_each_tensor(const c10::IValue& value, F&& f) {
   }
 }
 
-}  // namespace sac::dispatch
+}  // namespace sac::detail

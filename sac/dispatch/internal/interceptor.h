@@ -29,7 +29,7 @@
 #include <string_view>
 #include <vector>
 
-namespace sac::dispatch {
+namespace sac::detail {
 
 // Receives the ops intercepted on a thread while it is active.
 class OpInterceptor {
@@ -189,4 +189,4 @@ class InterceptorGuard {
   InterceptorToken token_;
 };
 
-}  // namespace sac::dispatch
+}  // namespace sac::detail

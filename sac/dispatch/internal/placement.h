@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
-namespace sac::dispatch {
+namespace sac::detail {
 
 // The dispatch key where `mechanism` places sac's kernel. A do-nothing kernel
 // on the same key is the floor that any interception there pays
 // (benchmarks/floor.h).
-c10::DispatchKey interception_key(Mechanism mechanism);
+c10::DispatchKey interception_key(dispatch::Mechanism mechanism);
 
 // Whether the `Fake` key is free for sac's fallback in this process: no
 // fallback and no per-op kernel registered on it by anyone else. When it is
@@ -37,4 +37,4 @@ const std::vector<const char*>& listed_factory_ops();
 // per_op_kernels_miss(op) when the mechanism in use is PerOpKernels.
 bool mechanism_misses(const c10::OperatorHandle& op);
 
-}  // namespace sac::dispatch
+}  // namespace sac::detail

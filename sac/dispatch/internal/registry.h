@@ -11,7 +11,7 @@
 #include <c10/core/DispatchKey.h>
 #include <c10/core/DispatchKeySet.h>
 
-namespace sac::dispatch {
+namespace sac::detail {
 
 // The keys the two mechanisms place the kernel at.
 constexpr c10::DispatchKey kFallbackKey = c10::DispatchKey::Fake;
@@ -30,4 +30,4 @@ bool own_fallback_registered();
 // since the last call: before an interceptor or observer becomes active.
 void activate_interception();
 
-}  // namespace sac::dispatch
+}  // namespace sac::detail

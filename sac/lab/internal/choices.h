@@ -10,7 +10,7 @@
 #include <optional>
 #include <vector>
 
-namespace sac::lab {
+namespace sac::detail {
 
 // What leaving a call off its device costs: its recomputation, or its trip
 // to host memory and back if that is cheaper.
@@ -42,4 +42,4 @@ std::vector<CallChoice> choices_of(const RegionProfile& profile, size_t index,
 // them); it recomputes nothing.
 BudgetedPlan plan_unchecked(const std::vector<RegionProfile>& profiles);
 
-}  // namespace sac::lab
+}  // namespace sac::detail

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-namespace sac::lab {
+namespace sac::detail {
 
 struct Item {
   int64_t weight = 0;  // bytes saved if chosen (>= 0)
@@ -50,4 +50,4 @@ constexpr size_t kExactWholes = 12;
 Choice solve_knapsack(const std::vector<Item>& items, int64_t capacity,
                       size_t max_nodes = 10'000'000);
 
-}  // namespace sac::lab
+}  // namespace sac::detail

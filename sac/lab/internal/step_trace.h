@@ -22,7 +22,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace sac::lab {
+namespace sac::detail {
 
 inline constexpr size_t kNever = static_cast<size_t>(-1);
 
@@ -44,7 +44,7 @@ struct TraceEvent {
 struct TracedCall {
   size_t begin = 0;  // position: the events before the call
   size_t end = 0;    // and once it returned
-  // Per defined output tensor (in dispatch::for_each_tensor's order), the
+  // Per defined output tensor (in detail::for_each_tensor's order), the
   // allocation its storage is, or kNever (made before the step, or empty).
   c10::SmallVector<size_t, 2> outputs;
   bool random = false;
@@ -77,4 +77,4 @@ struct StepTrace {
 // traced events (else the allocator does not report them all: an error).
 StepTrace trace_step(const MemoryProbe& probe, const std::function<void()>& step);
 
-}  // namespace sac::lab
+}  // namespace sac::detail

@@ -5,7 +5,7 @@
 
 #include <sac/policy/checkpoint_policy.h>
 
-namespace sac {
+namespace sac::detail {
 
 constexpr bool is_save(CheckpointPolicy policy) {
   return policy == CheckpointPolicy::MustSave || policy == CheckpointPolicy::PreferSave;
@@ -33,4 +33,4 @@ constexpr CheckpointPolicy policy_from_bool(bool save) {
   return save ? CheckpointPolicy::MustSave : CheckpointPolicy::PreferRecompute;
 }
 
-}  // namespace sac
+}  // namespace sac::detail

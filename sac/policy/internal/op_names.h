@@ -8,7 +8,7 @@
 #include <string_view>
 #include <vector>
 
-namespace sac::policy {
+namespace sac::detail {
 
 // Resolves one op name to the operators it denotes. Accepted forms:
 //   "aten::mm"            the default overload (same as "aten::mm.default");
@@ -25,4 +25,4 @@ std::vector<c10::OperatorHandle> resolve_op_name(std::string_view name);
 // The registered op names closest to `name` (edit distance), best first.
 std::vector<std::string> closest_op_names(std::string_view name, size_t count);
 
-}  // namespace sac::policy
+}  // namespace sac::detail

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-namespace sac::policy {
+namespace sac::detail {
 
 // Why sac never caches `op`'s outputs, or nullopt if it may. Never cached:
 //   * the ops PyTorch's SAC ignores (aten::detach, prim::device and the
@@ -70,4 +70,4 @@ std::string collective_signature(c10::ArrayRef<c10::IValue> args);
 // must see them to notice in-place changes made through their outputs.
 const std::vector<c10::OperatorHandle>& hidden_alias_ops();
 
-}  // namespace sac::policy
+}  // namespace sac::detail

@@ -11,7 +11,7 @@
 
 #include <string>
 
-namespace sac {
+namespace sac::detail {
 
 // The operator sac::tag calls.
 const c10::OperatorHandle& tag_op();
@@ -23,4 +23,4 @@ inline const std::string& tag_name(c10::ArrayRef<c10::IValue> args) {
   return args[1].toStringRef();
 }
 
-}  // namespace sac
+}  // namespace sac::detail

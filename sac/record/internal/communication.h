@@ -20,7 +20,7 @@
 // A region's fingerprint on a group: the index, among every collective that
 // regions of this process recorded on that group, of the region's first one;
 // how many it recorded there; and a hash of their signatures
-// (policy::collective_signature: ops, shapes, dtypes, arguments). Ranks that
+// (detail::collective_signature: ops, shapes, dtypes, arguments). Ranks that
 // ran the same forward number the same collectives the same way.
 #pragma once
 
@@ -33,7 +33,7 @@
 #include <string>
 #include <vector>
 
-namespace sac::record {
+namespace sac::detail {
 
 class Communication {
  public:
@@ -65,4 +65,4 @@ class Communication {
 // the forward's code waited for it, a replay waits at once).
 void wait_for_work(c10::ArrayRef<c10::IValue> outputs);
 
-}  // namespace sac::record
+}  // namespace sac::detail

@@ -3,7 +3,7 @@
 // The recorder is an op observer (sac/dispatch/internal/interceptor.h) on the
 // region's thread: it sees every op that reaches below autograd, views,
 // in-place and out= ops included, which takes the fallback-key mechanism
-// (dispatch::observers_see_every_op). It names each tensor an op reads by the
+// (detail::observers_see_every_op). It names each tensor an op reads by the
 // value that made it, found by identity (the TensorImpl an earlier op
 // returned; autograd returns the same one above), else by memory (an alias of
 // a value, made without an op), else it is an outside tensor. Its owner adds
@@ -35,9 +35,9 @@
 #include <unordered_map>
 #include <unordered_set>
 
-namespace sac::record {
+namespace sac::detail {
 
-class Recorder final : public dispatch::OpObserver {
+class Recorder final : public detail::OpObserver {
  public:
   // Makes the SavedVariable that keeps an outside tensor.
   using SaveOutside = std::function<torch::autograd::SavedVariable(const at::Tensor&)>;
@@ -45,7 +45,7 @@ class Recorder final : public dispatch::OpObserver {
   // Records into `recording`. `region_interceptor` is the interceptor active
   // on the thread when the region began (its selective mode, or null): calls
   // it handles are recorded as `intercepted`.
-  Recorder(Recording& recording, const dispatch::OpInterceptor* region_interceptor,
+  Recorder(Recording& recording, const detail::OpInterceptor* region_interceptor,
            SaveOutside save_outside);
   Recorder(const Recorder&) = delete;
   Recorder& operator=(const Recorder&) = delete;
@@ -56,8 +56,8 @@ class Recorder final : public dispatch::OpObserver {
   // The region is over: forgets the tensors it identified.
   void finish();
 
-  void before_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> args) override;
-  void after_op(const dispatch::ObservedOp& call, c10::ArrayRef<c10::IValue> outputs) override;
+  void before_op(const detail::ObservedOp& call, c10::ArrayRef<c10::IValue> args) override;
+  void after_op(const detail::ObservedOp& call, c10::ArrayRef<c10::IValue> outputs) override;
 
  private:
   using WeakTensorImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
@@ -116,7 +116,7 @@ class Recorder final : public dispatch::OpObserver {
   Argument record_argument(const c10::OperatorHandle& op, size_t index, const c10::IValue& arg);
 
   Recording& recording_;
-  const dispatch::OpInterceptor* region_interceptor_;
+  const detail::OpInterceptor* region_interceptor_;
   SaveOutside save_outside_;
   std::unordered_map<const c10::TensorImpl*, Known> known_;
   std::unordered_map<const c10::StorageImpl*, StorageState> storages_;
@@ -130,4 +130,4 @@ class Recorder final : public dispatch::OpObserver {
   std::vector<StorageState*> pending_host_writes_;
 };
 
-}  // namespace sac::record
+}  // namespace sac::detail

@@ -59,7 +59,7 @@
 #include <string>
 #include <vector>
 
-namespace sac::record {
+namespace sac::detail {
 
 using ValueId = uint32_t;
 
@@ -164,4 +164,4 @@ struct Recording {
 // A byte tensor over all of `storage`: what a snapshot copies.
 at::Tensor bytes_of(const c10::Storage& storage);
 
-}  // namespace sac::record
+}  // namespace sac::detail

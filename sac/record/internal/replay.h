@@ -6,7 +6,7 @@
 #include <functional>
 #include <vector>
 
-namespace sac::record {
+namespace sac::detail {
 
 // Receives the value of each Mark instruction, in order: `mark` counts them from 0.
 // It may throw to end the replay (an early stop).
@@ -32,4 +32,4 @@ using MarkSink = std::function<void(size_t mark, const at::Tensor& value)>;
 void replay(const Recording& recording, std::vector<at::Tensor> outside, const MarkSink& on_mark,
             size_t* agreements = nullptr);
 
-}  // namespace sac::record
+}  // namespace sac::detail
