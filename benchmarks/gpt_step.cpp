@@ -1,6 +1,6 @@
 // sac gpt_step: the step benchmark. Forward + backward of the GPT of
 // examples/gpt_train under each checkpointing mode, with:
-//   * the activation bytes kept after the forward and the peak during forward
+//   * the activation bytes live after the forward and the peak during forward
 //     + backward, over what was live before (exact on the CPU: a counting
 //     allocator; the caching allocator's statistics on CUDA);
 //   * the step, forward and backward times: median, min and max of --runs
@@ -369,7 +369,7 @@ int run_all(int argc, char** argv) {
                  "mode,kept_bytes,peak_bytes,step_ms_median,step_ms_min,step_ms_max,"
                  "forward_ms_median,backward_ms_median,recompute_ms_median,identical_to_none\n");
   }
-  std::printf("\n%-22s | %9s | %9s | %27s | %7s | %7s | %9s | %s\n", "mode", "kept MiB", "peak MiB",
+  std::printf("\n%-22s | %9s | %9s | %27s | %7s | %7s | %9s | %s\n", "mode", "live MiB", "peak MiB",
               "step ms: median [min, max]", "fwd ms", "bwd ms", "recomp ms", "grads = none");
   bool all_identical = true;
   for (size_t m = 0; m < modes.size(); ++m) {

@@ -1,7 +1,7 @@
 // Per-op cost of sac's interception, in ns per op call (Google Benchmark).
 //
-// Run once per dispatch mechanism (it is fixed per process, and the floor
-// reads it from SAC_DISPATCH):
+// Run once per dispatch mechanism (it is fixed per process, and the null
+// kernel reads it from SAC_DISPATCH):
 //   SAC_DISPATCH=per_op   build/benchmarks/per_op_cost --benchmark_repetitions=15
 //   SAC_DISPATCH=fallback build/benchmarks/per_op_cost --benchmark_repetitions=15
 // and read the `_min` rows: items_per_second is op calls per second.
@@ -10,10 +10,10 @@
 // Each benchmark takes the op as its argument: 0 is aten::mul.Tensor on
 // 1-element tensors, where dispatch dominates; 1 is aten::mm of two 256x256
 // matrices, where the kernel does. They run in the order below: NoSac and the
-// Floor before anything asks sac for its mechanism.
+// NullKernel before anything asks sac for its mechanism.
 #include <sac/sac.h>
 
-#include "benchmarks/floor.h"
+#include "benchmarks/null_kernel.h"
 
 #include <sac/checkpoint/internal/value_check.h>
 
@@ -92,9 +92,9 @@ void run_caching(benchmark::State& state, const sac::Policy& policy) {
 void NoSac(benchmark::State& state) { run_batches(state, op_case(state.range(0))); }
 
 // A do-nothing boxed kernel where sac's sits.
-void Floor(benchmark::State& state) {
+void NullKernel(benchmark::State& state) {
   const OpCase& c = op_case(state.range(0));
-  sac_benchmarks::Floor floor(c.op);
+  sac_benchmarks::NullKernel null_kernel(c.op);
   run_batches(state, c);
 }
 
@@ -147,7 +147,7 @@ double minimum(const std::vector<double>& v) { return *std::min_element(v.begin(
 #define SAC_BENCHMARK(fn) BENCHMARK(fn)->Arg(0)->Arg(1)->ComputeStatistics("min", minimum)
 
 SAC_BENCHMARK(NoSac);
-SAC_BENCHMARK(Floor);
+SAC_BENCHMARK(NullKernel);
 SAC_BENCHMARK(Idle);
 SAC_BENCHMARK(OpListUnlisted);
 SAC_BENCHMARK(OpListListed);
@@ -182,7 +182,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   at::set_num_threads(1);
   benchmark::RunSpecifiedBenchmarks();
-  // Asked only now: asking chooses the mechanism, which must wait for the floor.
+  // Asked only now: asking chooses the mechanism, which must wait for the null kernel.
   std::fprintf(stderr, "dispatch mechanism: %s\n",
                std::string(sac::dispatch::to_string(sac::dispatch::mechanism())).c_str());
   return 0;

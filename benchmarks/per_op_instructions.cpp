@@ -4,12 +4,12 @@
 //   SAC_DISPATCH=per_op valgrind --tool=callgrind --collect-atstart=no \
 //     --toggle-collect='*measured_loop*' --callgrind-out-file=/dev/null \
 //     build/benchmarks/per_op_instructions VARIANT
-// VARIANT: no_sac | kept | floor | idle | unlisted | listed | callback | replay
+// VARIANT: no_sac | kept | null_kernel | idle | unlisted | listed | callback | replay
 // (benchmarks/per_op_cost.cpp says what each is). benchmarks/side_by_side.py
 // runs them all and divides by the number of calls.
 #include <sac/sac.h>
 
-#include "benchmarks/floor.h"
+#include "benchmarks/null_kernel.h"
 
 #include <torch/torch.h>
 
@@ -41,15 +41,15 @@ extern "C" __attribute__((noinline)) void measured_loop_kept(const at::Tensor& a
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    std::fprintf(stderr, "usage: %s no_sac|kept|floor|idle|unlisted|listed|callback|replay\n",
+    std::fprintf(stderr, "usage: %s no_sac|kept|null_kernel|idle|unlisted|listed|callback|replay\n",
                  argv[0]);
     return 2;
   }
   const std::string variant = argv[1];
   auto a = torch::ones({1}), b = torch::ones({1});
-  // The floor goes first: asking sac anything chooses its mechanism.
-  std::optional<sac_benchmarks::Floor> floor;
-  if (variant == "floor") floor.emplace(c10::OperatorName{"aten::mul", "Tensor"});
+  // The null kernel goes first: asking sac anything chooses its mechanism.
+  std::optional<sac_benchmarks::NullKernel> null_kernel;
+  if (variant == "null_kernel") null_kernel.emplace(c10::OperatorName{"aten::mul", "Tensor"});
   std::optional<sac::Policy> policy;
   if (variant == "idle" || variant == "listed" || variant == "replay") {
     policy = sac::Policy::save_ops({"aten::mul.Tensor"});
@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
     policy =
         sac::Policy::from_fn([](const sac::SelectiveCheckpointContext&, const c10::OperatorHandle&,
                                 c10::ArrayRef<c10::IValue>) { return false; });
-  } else if (variant != "no_sac" && variant != "kept" && variant != "floor") {
+  } else if (variant != "no_sac" && variant != "kept" && variant != "null_kernel") {
     std::fprintf(stderr, "unknown variant %s\n", argv[1]);
     return 2;
   }
@@ -91,7 +91,8 @@ int main(int argc, char** argv) {
   }
   active.reset();
   std::printf("%s: %d calls measured (dispatch: %s)\n", variant.c_str(), kCalls,
-              floor ? "floor, sac unused"
-                    : std::string(sac::dispatch::to_string(sac::dispatch::mechanism())).c_str());
+              null_kernel
+                  ? "null kernel, sac unused"
+                  : std::string(sac::dispatch::to_string(sac::dispatch::mechanism())).c_str());
   return 0;
 }

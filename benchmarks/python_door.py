@@ -12,7 +12,7 @@
    forward + backward under no checkpointing, full recomputation (PyTorch's
    checkpoint without a policy), PyTorch's SAC and sac with the same op list
    (every layer checkpointed by transformers' switch), the median of --steps
-   steps after one warm-up, garbage collected before each; bytes kept after
+   steps after one warm-up, garbage collected before each; bytes live after
    the forward (the last step's) counted by the C++
    benchmarks' counting allocator (--allocator), the same for both sides.
 
@@ -161,7 +161,7 @@ def step_table(steps, counting):
 
 def plot(per_op_rows, step_rows, png):
     """Two panels: per-op added cost (PyTorch's SAC and sac, log scale), and
-    step time against bytes kept after the forward, per model and mode."""
+    step time against bytes live after the forward, per model and mode."""
     gnuplot = shutil.which("gnuplot")
     if gnuplot is None:
         print(f"gnuplot is not installed: {png} not drawn")
@@ -200,9 +200,9 @@ plot '{costs}' using 2:xtic(1) title "PyTorch's SAC" lc rgb '#d62728', \\
 unset logscale y
 set yrange [*:*]
 set style data points
-set title 'training step: time against bytes kept after the forward'
+set title 'training step: time against bytes live after the forward'
 set xlabel 'ms per step (median)'
-set ylabel 'MiB kept after the forward (counting allocator)'
+set ylabel 'MiB live after the forward (counting allocator)'
 set key top right
 set offsets graph 0.05, graph 0.2, graph 0.08, graph 0.08
 plot '{steps}' index 0 using 1:2 with points pt 7 ps 1.5 lc rgb '#1f77b4' title '{models[0]}', \\
@@ -241,9 +241,9 @@ def main():
         ratio = f"{ours / theirs:.2f}" if theirs else "-"
         theirs_text = f"{theirs:.2f}" if theirs is not None else "(no preset)"
         lines.append(f"| {name} | {theirs_text} | {ours:.2f} | {ratio} |")
-    lines += ["", f"Steps (forward + backward, median of {args.steps}), bytes kept after the "
+    lines += ["", f"Steps (forward + backward, median of {args.steps}), bytes live after the "
               "forward (counting allocator):", "",
-              "| model | mode | kept after fwd (MiB) | ms/step | grads identical to none |",
+              "| model | mode | live after fwd (MiB) | ms/step | grads identical to none |",
               "| --- | --- | ---: | ---: | --- |"]
     steps = step_table(args.steps, counting)
     for model_name, mode, kept, ms, same in steps:

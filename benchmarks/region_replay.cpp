@@ -1,5 +1,5 @@
 // Replay (sac::CheckpointRegion) against function rerun (sac::checkpoint) on
-// a GPT stack: forward and backward time, bytes kept after the forward, and
+// a GPT stack: forward and backward time, bytes live after the forward, and
 // the peak during backward (a counting CPU allocator, exact).
 //
 //   SAC_DISPATCH=fallback build/benchmarks/region_replay [blocks] [repetitions]
@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
   }
   const double plain_backward = configs[0].result.backward_ms;
   std::printf("%-14s %-22s %10s %11s %12s %9s %18s\n", "policy", "recomputation", "forward ms",
-              "backward ms", "recompute ms", "kept MiB", "backward peak MiB");
+              "backward ms", "recompute ms", "live MiB", "backward peak MiB");
   for (const auto& c : configs) {
     const Result& r = c.result;
     std::printf("%-14s %-22s %10.2f %11.2f %12s %9.2f %18.2f\n", c.policy.c_str(),

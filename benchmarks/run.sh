@@ -6,7 +6,7 @@
 # instruction counts), then, pinned to one CPU core with one intra-op thread
 # on both sides:
 #   * benchmarks/side_by_side.py: per-op cost under both mechanisms with the
-#     floor; the step benchmark on the small, medium and large GPT against
+#     null kernel; the step benchmark on the small, medium and large GPT against
 #     torch.utils.checkpoint; the plot;
 #   * the same step benchmark on CUDA, fp32 and bf16 autocast, when this
 #     machine's torch sees a GPU (skipped, and said so, otherwise);

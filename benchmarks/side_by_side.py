@@ -8,7 +8,7 @@ One run measures both on the same machine, in this order:
    mechanisms (build/benchmarks/per_op_cost, Google Benchmark, minimum of
    --repetitions), and instructions per aten::mul call (callgrind, when
    valgrind is installed); then the same cases for PyTorch's
-   TorchDispatchMode-based SAC, timed here. Each side's floor is a do-nothing
+   TorchDispatchMode-based SAC, timed here. Each side's null kernel is a do-nothing
    interposition at its own level: a boxed kernel where sac's sits, and a
    TorchDispatchMode that just calls the op.
 2. The step benchmark, per GPT size: this script builds the GPT of
@@ -349,8 +349,8 @@ def run_size(name, size, counter, args, device, out):
 # ---- Per-op cost -------------------------------------------------------------
 
 
-class Floor(TorchDispatchMode):
-    """PyTorch's floor: a dispatch mode that only calls the op."""
+class NullKernel(TorchDispatchMode):
+    """PyTorch's null kernel: a dispatch mode that only calls the op."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         return func(*args, **(kwargs or {}))
@@ -400,7 +400,7 @@ def pytorch_per_op(repetitions):
 
         results[op_name] = {
             "no_sac": timed(contextlib.nullcontext),
-            "floor": timed(Floor),
+            "null_kernel": timed(NullKernel),
             "unlisted": timed(caching(answer_for({unlisted}, CheckpointPolicy.MUST_SAVE))),
             "listed": timed(caching(answer_for({listed}, CheckpointPolicy.MUST_SAVE))),
             "callback": timed(caching(always(CheckpointPolicy.PREFER_RECOMPUTE))),
@@ -409,7 +409,7 @@ def pytorch_per_op(repetitions):
     return results
 
 
-SAC_BENCHMARKS = {"NoSac": "no_sac", "Floor": "floor", "Idle": "idle",
+SAC_BENCHMARKS = {"NoSac": "no_sac", "NullKernel": "null_kernel", "Idle": "idle",
                   "OpListUnlisted": "unlisted", "OpListListed": "listed",
                   "Callback": "callback", "CachedReplay": "replay"}
 
@@ -439,7 +439,7 @@ def sac_instructions(args, mechanism):
         return None
     binary = os.path.join(args.build, "benchmarks", "per_op_instructions")
     counts = {}
-    for variant in ("no_sac", "floor", "idle", "unlisted", "listed", "callback", "replay"):
+    for variant in ("no_sac", "null_kernel", "idle", "unlisted", "listed", "callback", "replay"):
         run = subprocess.run(
             ["valgrind", "--tool=callgrind", "--collect-atstart=no",
              "--toggle-collect=*measured_loop*", "--callgrind-out-file=/dev/null", binary, variant],
@@ -471,7 +471,7 @@ def per_op_report(args, out, lines):
     mechanisms = {m: sac_per_op(args, m) for m in ("per_op", "fallback")}
     instructions = {m: sac_instructions(args, m) for m in ("per_op", "fallback")}
     pytorch = pytorch_per_op(args.repetitions)
-    cases = ["no_sac", "floor", "idle", "unlisted", "listed", "callback", "replay"]
+    cases = ["no_sac", "null_kernel", "idle", "unlisted", "listed", "callback", "replay"]
     with open(os.path.join(out, "per_op.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["side", "op", "case", "ns_per_call", "instructions_per_call"])
@@ -508,16 +508,16 @@ def per_op_report(args, out, lines):
             if case not in ("no_sac", "idle") and "pytorch" in added and added.get("fallback", 0) > 0:
                 ratio = f"{added['pytorch'] / added['fallback']:.0f}x"
             lines.append("| " + " | ".join(row + [ratio]) + " |")
-        floor_rows = []
+        null_rows = []
         for side in ("per_op", "fallback"):
             res = mechanisms[side][op]
-            floor = res["floor"] - res["no_sac"]
-            if floor > 0:
-                floor_rows.append(f"{side}: unlisted {(res['unlisted'] - res['no_sac']) / floor:.1f}x, "
-                                  f"listed {(res['listed'] - res['no_sac']) / floor:.1f}x, "
-                                  f"callback {(res['callback'] - res['no_sac']) / floor:.1f}x")
-        if floor_rows:
-            lines.append("\nsac's added cost as a multiple of the floor's: " + "; ".join(floor_rows) + ".\n")
+            null = res["null_kernel"] - res["no_sac"]
+            if null > 0:
+                null_rows.append(f"{side}: unlisted {(res['unlisted'] - res['no_sac']) / null:.1f}x, "
+                                  f"listed {(res['listed'] - res['no_sac']) / null:.1f}x, "
+                                  f"callback {(res['callback'] - res['no_sac']) / null:.1f}x")
+        if null_rows:
+            lines.append("\nsac's added cost as a multiple of the null kernel's: " + "; ".join(null_rows) + ".\n")
     for m in ("per_op", "fallback"):
         ins = instructions[m]
         if ins is None:
@@ -525,7 +525,7 @@ def per_op_report(args, out, lines):
             break
         lines.append(f"\nInstructions per aten::mul call (callgrind), SAC_DISPATCH={m}: " +
                      ", ".join(f"{c} {ins[c]:.0f}" for c in cases) +
-                     f"; added over the floor's: listed {(ins['listed'] - ins['no_sac']) / max(ins['floor'] - ins['no_sac'], 1):.1f}x.\n")
+                     f"; added over the null kernel's: listed {(ins['listed'] - ins['no_sac']) / max(ins['null_kernel'] - ins['no_sac'], 1):.1f}x.\n")
 
 
 def step_report(rows, args, lines):
@@ -542,8 +542,8 @@ def step_report(rows, args, lines):
         cfg = SIZES[size]
         lines.append(f"\n### {size}: {cfg['layers']} layers, embed {cfg['embed']}, {cfg['heads']} heads, "
                      f"seq {cfg['seq']}, batch {cfg['batch']}, vocab {cfg['vocab']}\n")
-        lines.append("| mode | grad max diff sac vs PyTorch | kept MiB sac / PyTorch | peak MiB sac / PyTorch "
-                     "| kept vs none | sac step ms | PyTorch step ms | step sac / PyTorch "
+        lines.append("| mode | grad max diff sac vs PyTorch | live MiB sac / PyTorch | peak MiB sac / PyTorch "
+                     "| live vs none | sac step ms | PyTorch step ms | step sac / PyTorch "
                      "| step vs none: sac / PyTorch | sac recompute ms |")
         lines.append("|---|---|---|---|---|---|---|---|---|---|")
         by_mode = {r["mode"]: r for r in rows if r["size"] == size}

@@ -1,5 +1,5 @@
 // sac demo: a stack of GPT blocks trained on CPU under each checkpointing
-// policy. For each, it reports the activation memory kept after the forward,
+// policy. For each, it reports the activation memory live after the forward,
 // the peak during forward + backward (exact, from a counting CPU allocator),
 // the time per training step, and whether the gradients are bit-identical to
 // the un-checkpointed run.
@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
   std::printf("sac demo: %lld GPT blocks, embed %lld, seq %lld, batch %lld; dispatch: %s\n\n",
               (long long)c.blocks, (long long)c.embed, (long long)c.seq, (long long)c.batch,
               std::string(sac::dispatch::to_string(sac::dispatch::mechanism())).c_str());
-  std::printf("%-32s %14s %12s %10s  %s\n", "policy", "kept after fwd", "peak", "ms/step",
+  std::printf("%-32s %14s %12s %10s  %s\n", "policy", "live after fwd", "peak", "ms/step",
               "gradients");
 
   std::vector<at::Tensor> reference;

@@ -3,7 +3,7 @@
 // It shows sac on a whole torch::nn model, wired in from outside: the model's
 // code knows nothing of checkpointing; sac::apply_activation_checkpointing
 // wraps its GPT blocks in place, with full recomputation or a selective
-// policy. For each mode, it reports the activation memory kept after the
+// policy. For each mode, it reports the activation memory live after the
 // forward and the peak during forward + backward of the first step (exact on
 // CPU, from a counting allocator; the caching allocator's statistics on
 // CUDA), the time per step, and whether the losses of every step and the
@@ -271,7 +271,7 @@ int run_all(int argc, char** argv) {
     std::printf("\n");
   }
 
-  std::printf("\n%-18s | %20s | %10s | %8s | %s\n", "mode", "kept after fwd (MiB)", "peak (MiB)",
+  std::printf("\n%-18s | %20s | %10s | %8s | %s\n", "mode", "live after fwd (MiB)", "peak (MiB)",
               "ms/step", "losses+grads identical");
   std::string different;
   for (const auto& [mode, run] : runs) {

@@ -170,7 +170,7 @@ int run(int argc, char** argv) {
   std::printf("rank %d of %d: %lld blocks of width %lld, %lld rows per rank\n", rz.rank, rz.world,
               static_cast<long long>(s.blocks), static_cast<long long>(s.width),
               static_cast<long long>(s.rows));
-  std::printf("%-22s %12s %12s %12s %10s %10s  %s\n", "mode", "params MiB", "kept MiB", "peak MiB",
+  std::printf("%-22s %12s %12s %12s %10s %10s  %s\n", "mode", "params MiB", "live MiB", "peak MiB",
               "coll. fwd", "coll. rec.", "grads = replicated");
   std::vector<at::Tensor> reference;
   bool all_equal = true;

@@ -1,4 +1,4 @@
-"""Bytes kept after the forward, counted by one allocator (benchmarks/
+"""Bytes live after the forward, counted by one allocator (benchmarks/
 counting_allocator.cpp, as the C++ benchmarks count them): sac's modes keep
 exactly what PyTorch's SAC keeps with the same op list."""
 import functools
@@ -46,7 +46,7 @@ def test_bytes_kept_equal_pytorch_sac(architecture):
 
 
 def kept_by_one_region(model, batch, policy):
-    """Bytes kept after the forward when the whole forward is one region
+    """Bytes live after the forward when the whole forward is one region
     (policy None: sac.region(), everything recomputed), or one
     torch.utils.checkpoint call (policy a context_fn)."""
     model = models.copy.deepcopy(model)

@@ -191,7 +191,7 @@ def test_an_explanation_and_the_statistics_agree():
 def whole_model_step(model, batch, context_fn=None, region_policy=None, count=None):
     """One step with the whole forward checkpointed once (by PyTorch's
     checkpoint with `context_fn`, or by sac.region): loss, gradients, and the
-    bytes kept after the forward if `count` is the counting allocator."""
+    bytes live after the forward if `count` is the counting allocator."""
     model = models.copy.deepcopy(model)
     model.train()
     torch.manual_seed(7)

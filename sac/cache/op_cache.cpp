@@ -27,7 +27,7 @@ std::string own_change(const VersionWatch& own) {
 constexpr const char* kThroughAnotherTensor =
     "through another tensor on its storage, such as the output of aten::_unsafe_view";
 
-// `value` with each tensor slot (a tensor, defined or not, alone or in a
+// `value` with each tensor place (a tensor, defined or not, alone or in a
 // list) replaced by `f` of it, in order.
 template <class F>
 c10::IValue map_tensors(const c10::IValue& value, F&& f) {

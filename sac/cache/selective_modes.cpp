@@ -69,7 +69,7 @@ void warn_once(const std::string& key, const std::string& message) {
 
 // A functional collective returns at once, and its work writes the outputs
 // in place when it completes: a later version than the one the cache would
-// record, which the cache would take for a modification (and recompute the
+// note, which the cache would take for a modification (and recompute the
 // call). So a kept collective is waited for before its outputs are cached:
 // the cache holds the completed values, at the version they keep. Only kept
 // collectives lose their overlap with the forward's compute, and the
@@ -125,11 +125,12 @@ detail::CachingMode::CachingMode(Policy policy, std::shared_ptr<detail::OpCache>
       offload_to_(std::move(offload_to)) {}
 
 void detail::CachingMode::on_outermost_enter() {
-  TORCH_CHECK(cache_->empty(), "sac: this pair of selective checkpointing modes already recorded "
-                               "the forward of a checkpointed region, whose recomputation still "
-                               "needs it. Create a new pair for each region: a context_fn should "
-                               "call create_selective_checkpoint_contexts each time it is called "
-                               "(or use CheckpointOptions::policy, which does).");
+  TORCH_CHECK(cache_->empty(),
+              "sac: this pair of selective checkpointing modes already filled "
+              "its cache with the forward of a checkpointed region, whose recomputation still "
+              "needs it. Create a new pair for each region: a context_fn should "
+              "call create_selective_checkpoint_contexts each time it is called "
+              "(or use CheckpointOptions::policy, which does).");
   cache_->begin_forward(/*track_producers=*/policy_.domain().tags);
   tagged_names_.clear();
   counts_ = RegionStatistics::Counts();
@@ -269,7 +270,7 @@ void detail::CachingMode::add_statistics() {
   counts_.forwards = 1;
   counts_.calls_saved = summary.saved_calls;
   counts_.calls_offloaded = summary.offloaded_calls;
-  // The cache records each tag as a recompute call.
+  // The cache enters each tag as a recompute call.
   counts_.calls_recomputed = summary.recompute_calls - counts_.tags;
   counts_.calls_demoted = cache_->demoted_calls();
   counts_.bytes_saved = static_cast<int64_t>(cache_->bytes());

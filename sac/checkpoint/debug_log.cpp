@@ -50,7 +50,7 @@ std::string OpLog::ops() const {
   return out;
 }
 
-std::string OpLog::traces(const std::string& label) const {
+std::string OpLog::backtraces(const std::string& label) const {
   std::string out;
   for (size_t i = 0; i < entries_.size(); ++i) {
     out += entries_[i].op + "   (" + std::to_string(i + 1) + " of " +

@@ -470,9 +470,9 @@ void CheckpointFrame::rethrow_with_logs(const c10::Error& error) const {
                "of the recomputation follow. Find where they part ways.\n",
                config_.debug_backtraces
                    ? "\n== 1. Backtraces of the ops of the original forward ==\n" +
-                         forward_log_.traces("original") +
+                         forward_log_.backtraces("original") +
                          "\n== 2. Backtraces of the ops of the recomputation ==\n" +
-                         recompute_log_.traces("recompute")
+                         recompute_log_.backtraces("recompute")
                    : std::string(),
                "\n== Ops executed during the original forward (", forward_log_.entries().size(),
                ") ==\n", forward_log_.ops(), "\n== Ops executed during recomputation (",

@@ -8,7 +8,7 @@
 // The choice is a 0/1 knapsack over the profile's keepable calls (bytes saved
 // against time recomputed), solved exactly (Note [The knapsack]). The policy
 // answers MustSave for the chosen calls by (op, call index) and
-// PreferRecompute otherwise, so it replays a region that runs the same ops
+// PreferRecompute otherwise, so it fits a region that runs the same ops
 // as the profiled one: the bytes it saves after the forward are the chosen
 // calls' bytes, which never exceed the budget.
 //

@@ -30,7 +30,7 @@ using detail::TracedRegion;
 
 // Note [A plan's trace]
 // The measured step keeps nothing. Under a plan the step runs the same ops in the
-// same order (the recomputation replays the forward's calls and stops where
+// same order (the recomputation runs the forward's calls again and stops where
 // the measured one stopped: once every tensor autograd saved is made again),
 // and its trace's allocations are the measured trace's but for three changes, per
 // call K the plan keeps:

@@ -31,11 +31,11 @@ enum class CheckpointPolicy {
   PreferCpuOffload,
 };
 
-std::string_view to_string(CheckpointPolicy policy);
+std::string_view to_string(CheckpointPolicy answer);
 
 // What a policy is told about the call it decides on. As in PyTorch 2.13, a
 // policy is asked once per call, in the forward, after the op ran; the
-// recomputation replays the forward's answers by (op, call index) and never
+// recomputation reuses the forward's answers by (op, call index) and never
 // asks again.
 struct SelectiveCheckpointContext {
   // Always false: kept so that code written for older PyTorch compiles.

@@ -14,8 +14,8 @@
 
 namespace sac {
 
-std::string_view to_string(CheckpointPolicy policy) {
-  switch (policy) {
+std::string_view to_string(CheckpointPolicy answer) {
+  switch (answer) {
     case CheckpointPolicy::MustSave: return "MustSave";
     case CheckpointPolicy::PreferSave: return "PreferSave";
     case CheckpointPolicy::MustRecompute: return "MustRecompute";

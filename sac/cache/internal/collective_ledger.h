@@ -6,7 +6,7 @@
 // A collective run again in recomputation communicates again: every rank
 // must re-issue the same collectives, in the same order, or the ranks hang
 // or (worse) pair one rank's recomputed all-gather with another's next
-// collective, silently. Recomputation replays the forward's ops, and every
+// collective, silently. Recomputation runs the forward's ops again, and every
 // rank's backward walks the same graph, so the ranks agree as long as each
 // rank's recomputation issues what its forward issued. The ledger checks
 // exactly that, per call, *before* the collective is issued: a region whose

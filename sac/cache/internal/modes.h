@@ -8,26 +8,26 @@
 // thread below autograd (sac/dispatch/internal/interceptor.h). For each cacheable op
 // call (sac/policy/internal/op_traits.h):
 //   * the caching mode runs the op, asks the policy (with the op's outputs,
-//     as PyTorch 2.13 does), and records the call in the shared `OpCache`:
+//     as PyTorch 2.13 does), and enters the call in the shared `OpCache`:
 //     its outputs if the policy said save, a copy of them in the offload
-//     target if it said offload, else a recompute mark;
-//   * the cached mode replays the forward's record of the same call (same
-//     op, same call index): it serves saved outputs from the cache without
+//     target if it said offload, else a recompute entry;
+//   * the cached mode follows the forward's entry of the same call (same
+//     op, same call index): it serves kept outputs from the cache without
 //     running the op, and runs the op otherwise. Autograd above both modes
 //     runs as usual, so the tensors it saves during recomputation match the
 //     forward's in number and order.
 // Ops the policy does not decide about (see Policy::decides_about: views,
 // in-place ops, the ops PyTorch ignores, and for an op list every op not on
-// it) always run and are never recorded. That domain is the policy's alone,
+// it) always run and are never entered. That domain is the policy's alone,
 // not the dispatch floor's: under per-op kernels, another policy may make sac
 // intercept more ops after this region's forward ran, and the recomputation
-// must still replay the same calls.
+// must still run the same calls again.
 //
 // Tags (sac/policy/tag.h): under a policy that asks about them, the caching
-// mode applies a tag's answer to the recorded call that returned the tagged
+// mode applies a tag's answer to the entered call that returned the tagged
 // tensor (sac/policy/names.h says how), and reports the names the policy
-// mentions that the forward never tagged. Both modes record and replay tag
-// calls as recomputed: a tag is the identity.
+// mentions that the forward never tagged. Both modes treat tag calls as
+// recomputed: a tag is the identity.
 //
 // Collectives (sac/cache/internal/collective_ledger.h): both modes see every
 // functional collective, decided about or not. The caching mode notes each
@@ -118,10 +118,10 @@ class CachingMode final : public SelectiveMode {
               std::shared_ptr<RegionStatistics> statistics = nullptr);
 
  private:
-  // Refuses to record a second forward into a cache that holds one; starts
-  // the record.
+  // Refuses to fill a cache that holds a forward already; starts filling
+  // it.
   void on_outermost_enter() override;
-  // Ends the record (see OpCache::end_forward), counts it, and moves the
+  // Ends filling (see OpCache::end_forward), counts it, and moves the
   // outputs kept into the thread's stash if it has one (sac/base/internal/stash.h).
   void on_outermost_exit() override;
   void intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
@@ -132,7 +132,7 @@ class CachingMode final : public SelectiveMode {
   // Warns about the names the policy mentions that this forward never
   // tagged (once per name and process).
   void report_untagged_names() const;
-  // Warns about the saved calls the cache demoted because their outputs
+  // Warns about the kept calls the cache demoted because their outputs
   // were modified in place (once per pair of ops and process): which op's
   // output, changed by which op.
   void report_demotions() const;
@@ -155,7 +155,7 @@ class CachedMode final : public SelectiveMode {
              std::shared_ptr<RegionStatistics> statistics = nullptr);
 
  private:
-  // Each pass replays from the first call, and starts bringing offloaded
+  // Each pass runs again from the first call, and starts bringing offloaded
   // outputs back at once.
   void on_outermost_enter() override;
   // Adds the pass's counts to the statistics.

@@ -5,7 +5,7 @@
 // Mirrors the storage of PyTorch's SAC: for each op, its calls in forward
 // order, each either *saved* (its outputs, kept as detached aliases) or marked
 // *recompute*. The recomputation addresses a call by (op, call index), so the
-// forward's decisions replay exactly. The cache knows nothing of checkpoint
+// forward's decisions are followed exactly. The cache knows nothing of checkpoint
 // frames or policies; it holds values and checks that they are still the
 // values that were stored. Its parts: where each kept tensor is (Slot, which
 // also moves it to a copy target or a stash and back), the storages under

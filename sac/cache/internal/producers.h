@@ -1,4 +1,4 @@
-// Which recorded call returned each storage, while a forward records with
+// Which call in the cache returned each storage, while a forward fills it with
 // late decisions: a tag (sac/policy/tag.h) may keep or drop a call after the
 // op returned, until the forward ends.
 //

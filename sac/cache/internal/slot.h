@@ -1,4 +1,4 @@
-// One tensor among the outputs of a call an OpCache recorded, and where it
+// One tensor among the outputs of a call an OpCache holds an entry for, and where it
 // is now: not kept (a recompute call's output, held weakly while a late
 // decision may still keep it), kept on its device (a detached alias),
 // stashed (sac/base/internal/stash.h), or offloaded (the copy in the call's

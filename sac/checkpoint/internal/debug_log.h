@@ -33,7 +33,7 @@ class OpLog {
   // One op name per line.
   std::string ops() const;
   // Each op with its backtrace, numbered "(i of n in `label`)".
-  std::string traces(const std::string& label) const;
+  std::string backtraces(const std::string& label) const;
 
   // Entries held by all logs in the process (for tests of leaks).
   static size_t live_entries() { return live_entries_.load(); }

@@ -7,24 +7,24 @@
 
 namespace sac::detail {
 
-constexpr bool is_save(CheckpointPolicy policy) {
-  return policy == CheckpointPolicy::MustSave || policy == CheckpointPolicy::PreferSave;
+constexpr bool is_save(CheckpointPolicy answer) {
+  return answer == CheckpointPolicy::MustSave || answer == CheckpointPolicy::PreferSave;
 }
 
-constexpr bool is_recompute(CheckpointPolicy policy) {
-  return policy == CheckpointPolicy::MustRecompute || policy == CheckpointPolicy::PreferRecompute;
+constexpr bool is_recompute(CheckpointPolicy answer) {
+  return answer == CheckpointPolicy::MustRecompute || answer == CheckpointPolicy::PreferRecompute;
 }
 
-constexpr bool is_offload(CheckpointPolicy policy) {
-  return policy == CheckpointPolicy::MustCpuOffload || policy == CheckpointPolicy::PreferCpuOffload;
+constexpr bool is_offload(CheckpointPolicy answer) {
+  return answer == CheckpointPolicy::MustCpuOffload || answer == CheckpointPolicy::PreferCpuOffload;
 }
 
 // Save or offload: the outputs are kept somewhere until backward.
-constexpr bool is_kept(CheckpointPolicy policy) { return !is_recompute(policy); }
+constexpr bool is_kept(CheckpointPolicy answer) { return !is_recompute(answer); }
 
-constexpr bool is_must(CheckpointPolicy policy) {
-  return policy == CheckpointPolicy::MustSave || policy == CheckpointPolicy::MustRecompute ||
-         policy == CheckpointPolicy::MustCpuOffload;
+constexpr bool is_must(CheckpointPolicy answer) {
+  return answer == CheckpointPolicy::MustSave || answer == CheckpointPolicy::MustRecompute ||
+         answer == CheckpointPolicy::MustCpuOffload;
 }
 
 // A bool-returning policy's answer: true saves (MustSave), false recomputes

@@ -1,4 +1,4 @@
-// The floor of interception: a boxed kernel at sac's dispatch level that does
+// The null kernel: a boxed kernel at sac's dispatch level that does
 // nothing but redispatch below itself. Whatever it adds to an op call, any
 // kernel placed there pays; the per-op benchmarks state sac's added cost as a
 // multiple of it.
@@ -27,7 +27,7 @@ inline sac::dispatch::Mechanism mechanism_from_environment() {
   const char* env = std::getenv("SAC_DISPATCH");
   const std::string value = env == nullptr ? "" : env;
   TORCH_CHECK(value == "per_op" || value == "fallback",
-              "the floor needs SAC_DISPATCH=per_op or SAC_DISPATCH=fallback, found '", value,
+              "the null kernel needs SAC_DISPATCH=per_op or SAC_DISPATCH=fallback, found '", value,
               "': it must sit where sac's kernel will, before sac chooses");
   return value == "per_op" ? sac::dispatch::Mechanism::PerOpKernels
                            : sac::dispatch::Mechanism::FallbackKey;
@@ -43,26 +43,27 @@ void do_nothing_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
 // the op on ADInplaceOrView (per-op mechanism), or a fallback on the Fake key
 // with the key included on this thread (fallback mechanism), as sac places
 // its own.
-class Floor {
+class NullKernel {
  public:
-  explicit Floor(const c10::OperatorName& op) {
+  explicit NullKernel(const c10::OperatorName& op) {
     const auto mechanism = mechanism_from_environment();
     const c10::DispatchKey key = sac::detail::interception_key(mechanism);
     auto& dispatcher = c10::Dispatcher::singleton();
     if (mechanism == sac::dispatch::Mechanism::PerOpKernels) {
       TORCH_CHECK(key == c10::DispatchKey::ADInplaceOrView,
-                  "sac's per-op key moved; update the floor");
+                  "sac's per-op key moved; update the null kernel");
       registration_.emplace(
           dispatcher.registerImpl(op, key,
                                   c10::KernelFunction::makeFromBoxedFunction<
                                       &do_nothing_kernel<c10::DispatchKey::ADInplaceOrView>>(),
-                                  std::nullopt, nullptr, "sac benchmark floor"));
+                                  std::nullopt, nullptr, "sac benchmark null kernel"));
     } else {
-      TORCH_CHECK(key == c10::DispatchKey::Fake, "sac's fallback key moved; update the floor");
+      TORCH_CHECK(key == c10::DispatchKey::Fake,
+                  "sac's fallback key moved; update the null kernel");
       registration_.emplace(dispatcher.registerFallback(
           key,
           c10::KernelFunction::makeFromBoxedFunction<&do_nothing_kernel<c10::DispatchKey::Fake>>(),
-          "sac benchmark floor"));
+          "sac benchmark null kernel"));
       included_.emplace(key);
     }
   }
