@@ -70,6 +70,17 @@ class UncheckedRule final : public Policy::Rule {
   std::string description_;
 };
 
+// What the regions keep unchecked together; -1 if a profile did not measure
+// it (made by hand).
+int64_t plain_bytes_of(const std::vector<RegionProfile>& profiles) {
+  int64_t plain = 0;
+  for (const RegionProfile& profile : profiles) {
+    if (profile.plain_bytes() < 0) return -1;
+    plain += profile.plain_bytes();
+  }
+  return plain;
+}
+
 double checked_fraction(double fraction, const char* constructor, const char* whole) {
   TORCH_CHECK(fraction >= 0 && fraction <= 1, "sac::Budget::", constructor,
               ": expected a fraction of ", whole, ", in [0, 1]; got ", fraction, ".");
@@ -144,9 +155,7 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
   constexpr size_t kNoItem = static_cast<size_t>(-1);
   std::vector<size_t> unchecked_item(profiles.size(), kNoItem);
   int64_t everything = 0;
-  int64_t plain = 0;
   for (size_t p = 0; p < profiles.size(); ++p) {
-    plain = plain < 0 || profiles[p].plain_bytes() < 0 ? -1 : plain + profiles[p].plain_bytes();
     const int group = static_cast<int>(p);
     // What a checkpoint of the region costs with nothing kept: the
     // recomputation of every call before its stop, or the trip of those
@@ -179,7 +188,7 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
     }
   }
   BudgetedPlan plan;
-  plan.budget_bytes = budget.resolve(plain, everything);
+  plan.budget_bytes = budget.resolve(plain_bytes_of(profiles), everything);
   const auto start = std::chrono::steady_clock::now();
   const detail::Choice choice = detail::solve_knapsack(items, plan.budget_bytes);
   plan.solver_seconds =
@@ -248,10 +257,8 @@ BudgetedPlan plan_unchecked(const std::vector<RegionProfile>& profiles) {
   BudgetedPlan plan;
   plan.checkpointed.assign(profiles.size(), false);
   plan.saved_calls.resize(profiles.size());
-  for (const RegionProfile& profile : profiles) {
-    plan.saved_bytes = plan.saved_bytes < 0 || profile.plain_bytes() < 0
-                           ? -1
-                           : plan.saved_bytes + profile.plain_bytes();
+  plan.saved_bytes = plain_bytes_of(profiles);
+  for (size_t p = 0; p < profiles.size(); ++p) {
     plan.policies.emplace_back(std::make_shared<UncheckedRule>("unchecked"));
   }
   return plan;
