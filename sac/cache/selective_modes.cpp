@@ -19,11 +19,8 @@
 #include <mutex>
 #include <unordered_set>
 
-namespace sac {
+namespace sac::detail {
 namespace {
-
-using detail::arguments_on;
-using detail::outputs_on;
 
 // A random op's explicit Generator argument, if it has one.
 std::optional<at::Generator> explicit_generator(c10::ArrayRef<c10::IValue> args) {
@@ -37,8 +34,8 @@ std::optional<at::Generator> explicit_generator(c10::ArrayRef<c10::IValue> args)
 
 // The generator a random op drew from (`generator` if explicit, else the
 // default generator of its first tensor output's device) and its state now.
-std::optional<detail::GeneratorSnapshot> snapshot_after(std::optional<at::Generator> generator,
-                                                        c10::ArrayRef<c10::IValue> outputs) {
+std::optional<GeneratorSnapshot> snapshot_after(std::optional<at::Generator> generator,
+                                                c10::ArrayRef<c10::IValue> outputs) {
   if (!generator.has_value()) {
     for (const auto& output : outputs) {
       if (output.isTensor() && output.toTensor().defined()) {
@@ -50,7 +47,7 @@ std::optional<detail::GeneratorSnapshot> snapshot_after(std::optional<at::Genera
   if (!generator.has_value()) {
     return std::nullopt;
   }
-  return detail::GeneratorSnapshot{*generator, detail::locked_clone(*generator)};
+  return GeneratorSnapshot{*generator, locked_clone(*generator)};
 }
 
 // Warns with `message` the first time this process meets `key`: a region's
@@ -78,53 +75,53 @@ void wait_for_collective(c10::ArrayRef<c10::IValue> outputs) {
   static const c10::OperatorHandle wait_tensor =
       c10::Dispatcher::singleton().findSchemaOrThrow("_c10d_functional::wait_tensor", "");
   for (const auto& output : outputs) {
-    detail::for_each_tensor(output, [](const at::Tensor& t) {
+    for_each_tensor(output, [](const at::Tensor& t) {
       torch::jit::Stack stack{t};
       wait_tensor.callBoxed(&stack);
     });
   }
 }
 
-void restore(detail::GeneratorSnapshot snapshot) {
-  detail::locked_set_state(snapshot.live, snapshot.state_after.get_state());
+void restore(GeneratorSnapshot snapshot) {
+  locked_set_state(snapshot.live, snapshot.state_after.get_state());
 }
 
 }  // namespace
 
 // ---- SelectiveMode ----------------------------------------------------------
 
-void detail::SelectiveMode::enter() {
+void SelectiveMode::enter() {
   if (entries_.empty()) {
     on_outermost_enter();
   }
-  entries_.push_back(detail::push_interceptor(this));
+  entries_.push_back(push_interceptor(this));
 }
 
-void detail::SelectiveMode::exit() {
+void SelectiveMode::exit() {
   TORCH_INTERNAL_ASSERT(!entries_.empty(), "sac: a mode exited more often than entered");
-  detail::pop_interceptor(entries_.back());
+  pop_interceptor(entries_.back());
   entries_.pop_back();
   if (entries_.empty()) {
     on_outermost_exit();
   }
 }
 
-detail::SelectiveMode::OpFacts detail::SelectiveMode::learn(const c10::OperatorHandle& op) {
-  const OpFacts facts{policy_.decides_about(op), detail::issues_collective(op),
-                      detail::communicates(op), detail::is_tag(op), detail::is_random(op)};
-  facts_[detail::op_key(op)] = facts;
+SelectiveMode::OpFacts SelectiveMode::learn(const c10::OperatorHandle& op) {
+  const OpFacts facts{policy_.decides_about(op), issues_collective(op), communicates(op),
+                      is_tag(op), is_random(op)};
+  facts_[op_key(op)] = facts;
   return facts;
 }
 
 // ---- CachingMode ------------------------------------------------------------
 
-detail::CachingMode::CachingMode(Policy policy, std::shared_ptr<detail::OpCache> cache,
-                                 std::shared_ptr<CopyTarget> offload_to,
-                                 std::shared_ptr<RegionStatistics> statistics)
-    : detail::SelectiveMode(std::move(policy), std::move(cache), std::move(statistics)),
+CachingMode::CachingMode(Policy policy, std::shared_ptr<OpCache> cache,
+                         std::shared_ptr<CopyTarget> offload_to,
+                         std::shared_ptr<RegionStatistics> statistics)
+    : SelectiveMode(std::move(policy), std::move(cache), std::move(statistics)),
       offload_to_(std::move(offload_to)) {}
 
-void detail::CachingMode::on_outermost_enter() {
+void CachingMode::on_outermost_enter() {
   TORCH_CHECK(cache_->empty(),
               "sac: this pair of selective checkpointing modes already filled "
               "its cache with the forward of a checkpointed region, whose recomputation still "
@@ -138,11 +135,11 @@ void detail::CachingMode::on_outermost_enter() {
   output_bytes_ = 0;
 }
 
-void detail::CachingMode::on_outermost_exit() {
+void CachingMode::on_outermost_exit() {
   report_untagged_names();
   cache_->end_forward();
   report_demotions();
-  if (detail::RegionEvents* events = detail::region_events()) {
+  if (RegionEvents* events = region_events()) {
     events->outputs_kept(cache_->kept_calls() + cache_->demoted_calls());
   }
   if (statistics_ != nullptr) {
@@ -150,20 +147,20 @@ void detail::CachingMode::on_outermost_exit() {
   }
   // Kept until backward: where the thread keeps such tensors (host memory,
   // under sac::OffloadGuard).
-  if (detail::TensorStash* stash = detail::current_stash()) {
+  if (TensorStash* stash = current_stash()) {
     cache_->stash(*stash);
   }
 }
 
-void detail::CachingMode::intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
-                                    torch::jit::Stack* stack) {
+void CachingMode::intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
+                            torch::jit::Stack* stack) {
   const OpFacts facts = this->facts(op);
   if (facts.collective) {
     cache_->collectives().note(op, arguments_on(op, *stack));
   }
   counts_.collectives_issued += facts.communicates;
   if (!facts.decided) {
-    detail::run_op(op, below, stack);
+    run_op(op, below, stack);
     const auto outputs = outputs_on(op, *stack);
     cache_->watch_aliases(outputs);
     cache_->note_writes(op, outputs);
@@ -175,12 +172,11 @@ void detail::CachingMode::intercept(const c10::OperatorHandle& op, c10::Dispatch
   const auto args = arguments_on(op, *stack);
   const c10::SmallVector<c10::IValue, 4> inputs(args.begin(), args.end());
   std::optional<at::Generator> generator = facts.random ? explicit_generator(inputs) : std::nullopt;
-  detail::run_op(op, below, stack);
+  run_op(op, below, stack);
   const auto outputs = outputs_on(op, *stack);
-  std::optional<detail::GeneratorSnapshot> after =
+  std::optional<GeneratorSnapshot> after =
       facts.random ? snapshot_after(std::move(generator), outputs) : std::nullopt;
-  const SelectiveCheckpointContext ctx{/*detail::is_recompute=*/false, outputs,
-                                       cache_->calls_so_far(op)};
+  const SelectiveCheckpointContext ctx{/*is_recompute=*/false, outputs, cache_->calls_so_far(op)};
   const CheckpointPolicy answer = policy_.decide(ctx, op, inputs);
   if (facts.tag) {
     ++counts_.tags;
@@ -192,7 +188,7 @@ void detail::CachingMode::intercept(const c10::OperatorHandle& op, c10::Dispatch
   if (statistics_ != nullptr) {
     count_bytes(outputs);
   }
-  if (detail::is_recompute(answer)) {
+  if (is_recompute(answer)) {
     cache_->watch_aliases(outputs);
     cache_->append_recompute(op, outputs, std::move(after));
     return;
@@ -200,7 +196,7 @@ void detail::CachingMode::intercept(const c10::OperatorHandle& op, c10::Dispatch
   if (facts.collective) {
     wait_for_collective(outputs);
   }
-  if (policy_.domain().every_cacheable_op && detail::mechanism_misses(op)) {
+  if (policy_.domain().every_cacheable_op && mechanism_misses(op)) {
     warn_once("unseen " + c10::toString(op.operator_name()),
               c10::str("sac: the policy ", policy_.describe(), " answers ", to_string(answer),
                        " for ", op.operator_name(),
@@ -210,21 +206,19 @@ void detail::CachingMode::intercept(const c10::OperatorHandle& op, c10::Dispatch
                        "calls reach the policy. Use the fallback-key mechanism "
                        "(SAC_DISPATCH=fallback) to see every call. Reported once per op."));
   }
-  cache_->append_kept(op, outputs, std::move(after),
-                      detail::is_offload(answer) ? offload_to_ : nullptr);
+  cache_->append_kept(op, outputs, std::move(after), is_offload(answer) ? offload_to_ : nullptr);
   cache_->watch_aliases(inputs);
 }
 
-void detail::CachingMode::apply_tag(c10::ArrayRef<c10::IValue> args, CheckpointPolicy answer) {
-  const std::string& name = detail::tag_name(args);
+void CachingMode::apply_tag(c10::ArrayRef<c10::IValue> args, CheckpointPolicy answer) {
+  const std::string& name = tag_name(args);
   tagged_names_.insert(name);
   const auto producer = cache_->producer_of(args[0].toTensor());
   if (!producer.has_value()) {
     return;  // not returned by an op of this region: nothing to keep
   }
-  if (detail::is_kept(answer) && !producer->kept) {
-    const auto why_not =
-        cache_->keep_late(*producer, detail::is_offload(answer) ? offload_to_ : nullptr);
+  if (is_kept(answer) && !producer->kept) {
+    const auto why_not = cache_->keep_late(*producer, is_offload(answer) ? offload_to_ : nullptr);
     if (why_not.has_value()) {
       warn_once("keep " + name, c10::str("sac: the policy ", policy_.describe(), " answers ",
                                          to_string(answer), " for the value tagged '", name,
@@ -238,8 +232,8 @@ void detail::CachingMode::apply_tag(c10::ArrayRef<c10::IValue> args, CheckpointP
   }
 }
 
-void detail::CachingMode::report_demotions() const {
-  for (const detail::OpCache::Demotion& demotion : cache_->demotions()) {
+void CachingMode::report_demotions() const {
+  for (const OpCache::Demotion& demotion : cache_->demotions()) {
     const std::string writer =
         demotion.writer.has_value() ? c10::str("by ", *demotion.writer)
         : dispatch::mechanism() == dispatch::Mechanism::PerOpKernels
@@ -258,15 +252,14 @@ void detail::CachingMode::report_demotions() const {
   }
 }
 
-void detail::CachingMode::count_bytes(c10::ArrayRef<c10::IValue> outputs) {
+void CachingMode::count_bytes(c10::ArrayRef<c10::IValue> outputs) {
   for (const auto& output : outputs) {
-    detail::for_each_tensor(output,
-                            [&](const at::Tensor& t) { output_bytes_ += storages_.meet(t); });
+    for_each_tensor(output, [&](const at::Tensor& t) { output_bytes_ += storages_.meet(t); });
   }
 }
 
-void detail::CachingMode::add_statistics() {
-  const detail::OpCache::Summary summary = cache_->summary();
+void CachingMode::add_statistics() {
+  const OpCache::Summary summary = cache_->summary();
   counts_.forwards = 1;
   counts_.calls_saved = summary.saved_calls;
   counts_.calls_offloaded = summary.offloaded_calls;
@@ -280,7 +273,7 @@ void detail::CachingMode::add_statistics() {
   storages_.clear();
 }
 
-void detail::CachingMode::report_untagged_names() const {
+void CachingMode::report_untagged_names() const {
   for (const auto& name : policy_.domain().names) {
     if (tagged_names_.count(name) == 0) {
       warn_once("untagged " + name,
@@ -297,13 +290,13 @@ void detail::CachingMode::report_untagged_names() const {
 
 // ---- CachedMode -------------------------------------------------------------
 
-detail::CachedMode::CachedMode(Policy policy, std::shared_ptr<detail::OpCache> cache,
-                               bool allow_cache_entry_mutation,
-                               std::shared_ptr<RegionStatistics> statistics)
-    : detail::SelectiveMode(std::move(policy), std::move(cache), std::move(statistics)),
+CachedMode::CachedMode(Policy policy, std::shared_ptr<OpCache> cache,
+                       bool allow_cache_entry_mutation,
+                       std::shared_ptr<RegionStatistics> statistics)
+    : SelectiveMode(std::move(policy), std::move(cache), std::move(statistics)),
       allow_cache_entry_mutation_(allow_cache_entry_mutation) {}
 
-void detail::CachedMode::on_outermost_enter() {
+void CachedMode::on_outermost_enter() {
   next_call_.clear();
   next_collective_.clear();
   pass_ = RegionStatistics::Counts();
@@ -314,7 +307,7 @@ void detail::CachedMode::on_outermost_enter() {
   cache_->prefetch();
 }
 
-void detail::CachedMode::on_outermost_exit() {
+void CachedMode::on_outermost_exit() {
   // The pass is over: what it did not take, no later pass may (a region
   // with a policy is backwarded once), so it is freed now rather than with
   // the region.
@@ -329,34 +322,33 @@ void detail::CachedMode::on_outermost_exit() {
   statistics_->add(pass_);
 }
 
-void detail::CachedMode::intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
-                                   torch::jit::Stack* stack) {
+void CachedMode::intercept(const c10::OperatorHandle& op, c10::DispatchKeySet below,
+                           torch::jit::Stack* stack) {
   // A stopped recomputation whose stop a catch block swallowed runs no
   // further op (Note [Early stop cannot be swallowed]).
-  detail::throw_if_recomputation_stopped();
+  throw_if_recomputation_stopped();
   // Checked whether served or run: a served call is the forward's call of
   // the same index, so a mismatch means the region took another path.
   const OpFacts facts = this->facts(op);
   if (facts.collective) {
-    cache_->collectives().check(op, next_collective_[detail::op_key(op)]++,
-                                arguments_on(op, *stack));
+    cache_->collectives().check(op, next_collective_[op_key(op)]++, arguments_on(op, *stack));
   }
   if (!facts.decided) {
     pass_.collectives_reissued += facts.communicates;
-    detail::run_op(op, below, stack);
+    run_op(op, below, stack);
     return;
   }
-  const size_t call = next_call_[detail::op_key(op)]++;
+  const size_t call = next_call_[op_key(op)]++;
   if (!cache_->cached(op, call)) {
     pass_.collectives_reissued += facts.communicates;
     if (statistics_ != nullptr && !facts.tag) {
       ++pass_.calls_rerun;
     }
-    detail::run_op(op, below, stack);
+    run_op(op, below, stack);
     return;
   }
   ++pass_.calls_served;
-  detail::OpCache::Served served = cache_->take(op, call, allow_cache_entry_mutation_);
+  OpCache::Served served = cache_->take(op, call, allow_cache_entry_mutation_);
   torch::jit::drop(*stack, op.schema().arguments().size());
   // Note [Served inside a backward]: a backward inside the region (an inner
   // torch::autograd::grad, a custom Function's backward calling one) sums
@@ -376,6 +368,10 @@ void detail::CachedMode::intercept(const c10::OperatorHandle& op, c10::DispatchK
     restore(std::move(*served.generator));
   }
 }
+
+}  // namespace sac::detail
+
+namespace sac {
 
 // ---- Factory ----------------------------------------------------------------
 
@@ -403,11 +399,15 @@ SelectiveCheckpointContexts create_selective_checkpoint_contexts(
                                                std::move(statistics))};
 }
 
-std::shared_ptr<detail::OpCache> detail::cache_of(const SelectiveCheckpointContexts& modes) {
-  const auto* mode = dynamic_cast<const detail::SelectiveMode*>(modes.caching.get());
+}  // namespace sac
+
+namespace sac::detail {
+
+std::shared_ptr<OpCache> cache_of(const SelectiveCheckpointContexts& modes) {
+  const auto* mode = dynamic_cast<const SelectiveMode*>(modes.caching.get());
   TORCH_INTERNAL_ASSERT(mode != nullptr,
                         "sac: cache_of() takes the modes of create_selective_checkpoint_contexts");
   return mode->shared_cache();
 }
 
-}  // namespace sac
+}  // namespace sac::detail
