@@ -4,7 +4,7 @@
 //   SAC_DISPATCH=per_op valgrind --tool=callgrind --collect-atstart=no \
 //     --toggle-collect='*measured_loop*' --callgrind-out-file=/dev/null \
 //     build/benchmarks/per_op_instructions VARIANT
-// VARIANT: no_sac | kept | null_kernel | idle | unlisted | listed | callback | replay
+// VARIANT: no_sac | held | null_kernel | idle | unlisted | listed | callback | replay
 // (benchmarks/per_op_cost.cpp says what each is). benchmarks/side_by_side.py
 // runs them all and divides by the number of calls.
 #include <sac/sac.h>
@@ -27,21 +27,21 @@ extern "C" __attribute__((noinline)) void measured_loop(const at::Tensor& a, con
   }
 }
 
-// The same calls, each output kept until the end, as a saving mode keeps
+// The same calls, each output held until the end, as a saving mode keeps
 // them: the allocator then finds no freed block to reuse and frees none in
 // the loop. The difference to measured_loop is what keeping costs without
 // sac; `listed` pays it too.
-extern "C" __attribute__((noinline)) void measured_loop_kept(const at::Tensor& a,
+extern "C" __attribute__((noinline)) void measured_loop_held(const at::Tensor& a,
                                                              const at::Tensor& b,
-                                                             std::vector<at::Tensor>& kept) {
+                                                             std::vector<at::Tensor>& held) {
   for (int i = 0; i < kCalls; ++i) {
-    kept.push_back(at::mul(a, b));
+    held.push_back(at::mul(a, b));
   }
 }
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    std::fprintf(stderr, "usage: %s no_sac|kept|null_kernel|idle|unlisted|listed|callback|replay\n",
+    std::fprintf(stderr, "usage: %s no_sac|held|null_kernel|idle|unlisted|listed|callback|replay\n",
                  argv[0]);
     return 2;
   }
@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
     policy =
         sac::Policy::from_fn([](const sac::SelectiveCheckpointContext&, const c10::OperatorHandle&,
                                 c10::ArrayRef<c10::IValue>) { return false; });
-  } else if (variant != "no_sac" && variant != "kept" && variant != "null_kernel") {
+  } else if (variant != "no_sac" && variant != "held" && variant != "null_kernel") {
     std::fprintf(stderr, "unknown variant %s\n", argv[1]);
     return 2;
   }
@@ -82,10 +82,10 @@ int main(int argc, char** argv) {
   for (int i = 0; i < kWarmUp; ++i) {
     at::mul(a, b);  // warm up: first-call initialisation is not measured
   }
-  if (variant == "kept") {
-    std::vector<at::Tensor> kept;
-    kept.reserve(kCalls);
-    measured_loop_kept(a, b, kept);
+  if (variant == "held") {
+    std::vector<at::Tensor> held;
+    held.reserve(kCalls);
+    measured_loop_held(a, b, held);
   } else {
     measured_loop(a, b);
   }

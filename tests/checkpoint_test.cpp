@@ -468,7 +468,7 @@ TEST_F(Checkpoint, DebugModePrintsTheOpsOfBothPasses) {
 
 // A selective region whose recomputation runs an op more often than its
 // forward: the cache's error is a CheckpointError (every error raised while
-// recomputing is one), and debug mode attaches both op logs to it.
+// recomputing is one), and the debug option attaches both op logs to it.
 TEST_F(Checkpoint, DebugModeWithAPolicyPrintsTheOpsOfBothPasses) {
   bool more = false;
   auto f = [&](const at::Tensor& in) {

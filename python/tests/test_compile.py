@@ -100,7 +100,7 @@ def test_a_compiled_call_in_a_region_says_torch_compile_is_not_supported(warm):
         fn(*args).sum().backward()
     # sac's refusal itself (issue 44), not Dynamo's InternalTorchDynamoError
     # around it, which reads as a bug of Dynamo's; Dynamo's stays its cause.
-    with pytest.raises(RuntimeError, match="as part of a trace .*torch.compile is not supported") as e:
+    with pytest.raises(RuntimeError, match="as part of a compile trace .*torch.compile is not supported") as e:
         with sac.region():
             fn(*args)
     assert type(e.value) is RuntimeError, type(e.value)
@@ -117,6 +117,6 @@ def test_a_region_inside_a_compiled_function_says_torch_compile_is_not_supported
 
     torch._dynamo.reset()
     compiled = torch.compile(checkpointed, backend="aot_eager")
-    with pytest.raises(RuntimeError, match="as part of a trace .*torch.compile is not supported") as e:
+    with pytest.raises(RuntimeError, match="as part of a compile trace .*torch.compile is not supported") as e:
         compiled(*leaves())
     assert type(e.value) is RuntimeError, type(e.value)

@@ -18,14 +18,14 @@ size_t CollectiveLedger::size() const {
   return calls;
 }
 
-void CollectiveLedger::check(const c10::OperatorHandle& op, size_t call,
+void CollectiveLedger::check(const c10::OperatorHandle& op, size_t call_index,
                              c10::ArrayRef<c10::IValue> args) const {
   const auto found = calls_.find(op);
   const size_t forward_calls = found == calls_.end() ? 0 : found->second.size();
   SAC_CHECKPOINT_CHECK(
-      call < forward_calls,
+      call_index < forward_calls,
       "sac: the recomputation of a checkpointed region would issue collective ", op.operator_name(),
-      " (", detail::collective_signature(args), ") as its call ", call + 1,
+      " (", detail::collective_signature(args), ") as its call ", call_index + 1,
       ", but the region's forward issued ", forward_calls,
       " such calls. sac does not issue it: the other ranks would not join it (a hang, "
       "or a silent mismatch with their next collective). The region's function must "
@@ -34,10 +34,10 @@ void CollectiveLedger::check(const c10::OperatorHandle& op, size_t call,
       "(sac::never_recompute_collectives()).");
   const std::string now = detail::collective_signature(args);
   SAC_CHECKPOINT_CHECK(
-      now == found->second[call],
+      now == found->second[call_index],
       "sac: the recomputation of a checkpointed region would issue collective ", op.operator_name(),
-      " with (", now, ") as its call ", call + 1, ", but the forward issued it with (",
-      found->second[call],
+      " with (", now, ") as its call ", call_index + 1, ", but the forward issued it with (",
+      found->second[call_index],
       "). sac does not issue it: the other ranks would run a different collective. "
       "The region's function must issue the same collectives when it runs again: make "
       "it depend only on its inputs, or keep the collective's output with a policy "

@@ -242,7 +242,7 @@ void CachingMode::report_demotions() const {
             : std::string("through an op whose schema does not declare the write");
     warn_once(c10::str("demoted ", demotion.op, " ", writer),
               c10::str("sac: the policy ", policy_.describe(), " kept the output of ", demotion.op,
-                       " (call ", demotion.call,
+                       " (call ", demotion.call_index,
                        " in the forward), which was then "
                        "modified in place ",
                        writer,
@@ -338,8 +338,8 @@ void CachedMode::intercept(const c10::OperatorHandle& op, c10::DispatchKeySet be
     run_op(op, below, stack);
     return;
   }
-  const size_t call = next_call_[op_key(op)]++;
-  if (!cache_->cached(op, call)) {
+  const size_t call_index = next_call_[op_key(op)]++;
+  if (!cache_->cached(op, call_index)) {
     pass_.collectives_reissued += facts.communicates;
     if (statistics_ != nullptr && !facts.tag) {
       ++pass_.calls_rerun;
@@ -348,7 +348,7 @@ void CachedMode::intercept(const c10::OperatorHandle& op, c10::DispatchKeySet be
     return;
   }
   ++pass_.calls_served;
-  OpCache::Served served = cache_->take(op, call, allow_cache_entry_mutation_);
+  OpCache::Served served = cache_->take(op, call_index, allow_cache_entry_mutation_);
   torch::jit::drop(*stack, op.schema().arguments().size());
   // Note [Served inside a backward]: a backward inside the region (an inner
   // torch::autograd::grad, a custom Function's backward calling one) sums

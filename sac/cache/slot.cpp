@@ -21,7 +21,7 @@ void Slot::unhold(CachedStorages& storages) {
 }
 
 void Slot::offload(CopyTarget& target, CachedStorages& storages) {
-  // The copy's own ops belong to no region, and autograd records none.
+  // The copy's own ops belong to no region, and autograd builds no graph for them.
   detail::IsolationGuard isolated;
   c10::AutoGradMode no_grad(false);
   from = CopyTarget::Origin::of(held);

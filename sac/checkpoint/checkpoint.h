@@ -82,11 +82,11 @@ struct ArgCodec {
   static_assert(!std::is_same_v<T, at::TensorList> && !std::is_same_v<T, c10::ArrayRef<int64_t>>,
                 "sac::checkpoint: an ArrayRef argument would dangle by the time "
                 "the function is recomputed; pass a std::vector instead.");
-  using Stashed = T;
+  using Captured = T;
   static void collect(const T&, std::vector<at::Tensor>&) {}
-  static Stashed stash(const T& value) { return value; }
-  static const T& restore(const Stashed& stashed, const std::vector<at::Tensor>&, size_t&) {
-    return stashed;
+  static Captured capture(const T& value) { return value; }
+  static const T& restore(const Captured& captured, const std::vector<at::Tensor>&, size_t&) {
+    return captured;
   }
 };
 
@@ -94,22 +94,22 @@ struct NoTensor {};
 
 template <>
 struct ArgCodec<at::Tensor> {
-  using Stashed = NoTensor;
+  using Captured = NoTensor;
   static void collect(const at::Tensor& t, std::vector<at::Tensor>& out) { out.push_back(t); }
-  static Stashed stash(const at::Tensor&) { return {}; }
-  static at::Tensor restore(const Stashed&, const std::vector<at::Tensor>& in, size_t& next) {
+  static Captured capture(const at::Tensor&) { return {}; }
+  static at::Tensor restore(const Captured&, const std::vector<at::Tensor>& in, size_t& next) {
     return in[next++];
   }
 };
 
 template <>
 struct ArgCodec<std::optional<at::Tensor>> {
-  using Stashed = NoTensor;
+  using Captured = NoTensor;
   static void collect(const std::optional<at::Tensor>& t, std::vector<at::Tensor>& out) {
     out.push_back(t.has_value() ? *t : at::Tensor());
   }
-  static Stashed stash(const std::optional<at::Tensor>&) { return {}; }
-  static std::optional<at::Tensor> restore(const Stashed&, const std::vector<at::Tensor>& in,
+  static Captured capture(const std::optional<at::Tensor>&) { return {}; }
+  static std::optional<at::Tensor> restore(const Captured&, const std::vector<at::Tensor>& in,
                                            size_t& next) {
     const at::Tensor& t = in[next++];
     return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
@@ -118,12 +118,12 @@ struct ArgCodec<std::optional<at::Tensor>> {
 
 template <>
 struct ArgCodec<std::vector<at::Tensor>> {
-  using Stashed = size_t;
+  using Captured = size_t;
   static void collect(const std::vector<at::Tensor>& ts, std::vector<at::Tensor>& out) {
     out.insert(out.end(), ts.begin(), ts.end());
   }
-  static Stashed stash(const std::vector<at::Tensor>& ts) { return ts.size(); }
-  static std::vector<at::Tensor> restore(const Stashed& count, const std::vector<at::Tensor>& in,
+  static Captured capture(const std::vector<at::Tensor>& ts) { return ts.size(); }
+  static std::vector<at::Tensor> restore(const Captured& count, const std::vector<at::Tensor>& in,
                                          size_t& next) {
     std::vector<at::Tensor> out(in.begin() + next, in.begin() + next + count);
     next += count;
@@ -133,18 +133,18 @@ struct ArgCodec<std::vector<at::Tensor>> {
 
 template <class Fn, class... Args>
 RecomputeFn make_recompute(Fn fn, const Args&... args) {
-  return [fn = std::move(fn), stashed = std::make_tuple(ArgCodec<Args>::stash(args)...)](
+  return [fn = std::move(fn), captured = std::make_tuple(ArgCodec<Args>::capture(args)...)](
              const std::vector<at::Tensor>& inputs) mutable {
     std::apply(
-        [&](const auto&... captured) {
+        [&](const auto&... each) {
           size_t next = 0;
           // Braced initialization evaluates left to right, as the inputs
           // were collected.
-          std::tuple<decltype(ArgCodec<Args>::restore(captured, inputs, next))...> restored{
-              ArgCodec<Args>::restore(captured, inputs, next)...};
+          std::tuple<decltype(ArgCodec<Args>::restore(each, inputs, next))...> restored{
+              ArgCodec<Args>::restore(each, inputs, next)...};
           std::apply(fn, restored);
         },
-        stashed);
+        captured);
   };
 }
 

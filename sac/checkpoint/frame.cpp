@@ -245,7 +245,7 @@ void CheckpointFrame::recompute(int64_t graph_task) {
   ProfilerScope scope("sac::recompute");
   // A backward inside an enclosing region's forward can start this
   // recomputation while that region's modes are active on the thread; they
-  // must not see (and record) its ops, which the ordinary backward's
+  // must not see its ops (nor enter them in their cache), which the ordinary backward's
   // recomputation would not show them. What it reads from outside may be
   // held by an enclosing region, whose recomputation the pass's start
   // begins: isolated too, and before this region's state is restored.
@@ -466,7 +466,7 @@ void CheckpointFrame::rethrow_with_logs(const c10::Error& error) const {
   detail::throw_checkpoint_error(CheckpointError(
       {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
       c10::str(error.what_without_backtrace(),
-               "\n\nsac::checkpoint debug mode: the ops of the original forward and "
+               "\n\nsac::checkpoint debug log: the ops of the original forward and "
                "of the recomputation follow. Find where they part ways.\n",
                config_.debug_backtraces
                    ? "\n== 1. Backtraces of the ops of the original forward ==\n" +

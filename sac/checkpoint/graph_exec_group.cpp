@@ -37,7 +37,7 @@ std::optional<int64_t> GraphExecGroup::current_id() {
 GraphExecGroup::GraphExecGroup() {
   const auto outer = current_id();
   TORCH_CHECK(!outer.has_value(),
-              "sac::GraphExecGroup contexts cannot be nested: this thread is "
+              "sac::GraphExecGroup groups cannot be nested: this thread is "
               "already inside group ",
               *outer, ". End the outer group first, or put the backward passes into it.");
   // Graph task ids count up from 0 and a checkpoint's ids for unpacks

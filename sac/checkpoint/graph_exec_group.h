@@ -30,7 +30,7 @@ class GraphExecGroup {
   GraphExecGroup(const GraphExecGroup&) = delete;
   GraphExecGroup& operator=(const GraphExecGroup&) = delete;
 
-  // The id under which checkpoints record the current group's
+  // The id under which checkpoints key the current group's
   // recomputations, or nullopt outside a group.
   static std::optional<int64_t> current_id();
 

@@ -73,7 +73,7 @@ class CheckpointOptions {
     debug_ = debug;
     return *this;
   }
-  // With debug: record a C++ backtrace for each logged op (slow).
+  // With debug: capture a C++ backtrace for each logged op (slow).
   CheckpointOptions& debug_backtraces(bool backtraces) {
     debug_backtraces_ = backtraces;
     return *this;

@@ -23,7 +23,7 @@ class ChosenCallsRule final : public Policy::Rule {
  public:
   struct Chosen {
     c10::OperatorHandle op;
-    size_t call;
+    size_t call_index;
     CheckpointPolicy answer;
   };
 
@@ -38,7 +38,7 @@ class ChosenCallsRule final : public Policy::Rule {
   CheckpointPolicy decide(const SelectiveCheckpointContext& ctx, const c10::OperatorHandle& op,
                           c10::ArrayRef<c10::IValue>) const override {
     for (const auto& c : chosen_) {
-      if (c.call == ctx.call && c.op == op) {
+      if (c.call_index == ctx.call && c.op == op) {
         return c.answer;
       }
     }

@@ -1,4 +1,4 @@
-// Budgeted policies: from profiles, keep the op calls that save the most
+// Budgeted policies: from profiles, keep the op calls that spare the most
 // recomputation time within a memory budget, exactly.
 //
 //   auto p = sac::profile([&] { block->forward(x); });
@@ -31,7 +31,7 @@
 // Offload is a third choice where outputs live on an accelerator: a call
 // left off the device costs the less of its recomputation and its bytes'
 // trip to host memory and back (at a measured bandwidth), so keeping it
-// saves that much. The knapsack stays 0/1 and exact; the calls it leaves
+// spares that much. The knapsack stays 0/1 and exact; the calls it leaves
 // out that are cheaper to move than to recompute are answered
 // MustCpuOffload (moved to host_memory(), sac/base/copy_target.h).
 #pragma once

@@ -30,12 +30,13 @@ class RememberingRule final : public Policy::Rule {
   Policy::Domain domain() const override { return policy_.domain(); }
   std::string describe() const override { return policy_.describe(); }
 
-  std::optional<CheckpointPolicy> answer_for(const c10::OperatorHandle& op, size_t call) const {
+  std::optional<CheckpointPolicy> answer_for(const c10::OperatorHandle& op,
+                                             size_t call_index) const {
     const auto of_op = answers.find(op);
     if (of_op == answers.end()) {
       return std::nullopt;
     }
-    const auto it = of_op->second.find(call);
+    const auto it = of_op->second.find(call_index);
     return it == of_op->second.end() ? std::nullopt : std::make_optional(it->second);
   }
 
@@ -59,7 +60,7 @@ const char* to_string(ExplainedCall::Outcome outcome) {
 }
 
 // The copy target of a dry run: nothing leaves the device, but the cache
-// still records which outputs an offload answer sends away.
+// still notes which outputs an offload answer sends away.
 class NoCopies final : public CopyTarget {
  public:
   bool accepts(const at::Tensor&) const override { return false; }
@@ -146,16 +147,16 @@ Explanation explain(const Policy& policy, const std::function<void()>& region) {
   const Policy remembering(rule);
   auto contexts =
       create_selective_checkpoint_contexts(remembering, false, std::make_shared<NoCopies>());
-  // One run: the caching mode records one forward.
+  // One run: the caching mode fills the cache for one forward.
   const RegionProfile profiled = profile(
       [&] {
         RegionContext::Scope caching(contexts.caching.get());
         region();
       },
       /*runs=*/1);
-  auto demoted = [&](const c10::OperatorHandle& op, size_t call) {
+  auto demoted = [&](const c10::OperatorHandle& op, size_t call_index) {
     for (const auto& d : detail::cache_of(contexts)->demotions()) {
-      if (d.call == call && d.op == op.operator_name()) {
+      if (d.call_index == call_index && d.op == op.operator_name()) {
         return true;
       }
     }

@@ -62,9 +62,10 @@ struct Changes {
 
 const TracedCall* find_call(
     const std::unordered_map<c10::OperatorHandle, std::vector<TracedCall>>& calls,
-    const c10::OperatorHandle& op, size_t call) {
+    const c10::OperatorHandle& op, size_t call_index) {
   const auto found = calls.find(op);
-  return found == calls.end() || call >= found->second.size() ? nullptr : &found->second[call];
+  return found == calls.end() || call_index >= found->second.size() ? nullptr
+                                                                    : &found->second[call_index];
 }
 
 void check_one_policy_per_region(const StepTrace& trace, size_t policies) {

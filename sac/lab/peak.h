@@ -57,7 +57,7 @@ namespace sac {
 // Live bytes and the peak since the last reset, of the allocator the step
 // uses: the counting allocator on CPU (examples/memory_meter.h), the caching
 // allocator's statistics on an accelerator (device_memory_probe). The step
-// is recorded from the reports of `device`'s allocator; the probe's peak
+// is traced from the reports of `device`'s allocator; the probe's peak
 // checks that they missed nothing.
 struct MemoryProbe {
   std::function<int64_t()> live;
@@ -115,7 +115,7 @@ class StepPhases {
   // The step's phases, in order.
   const std::vector<StepPhase>& phases() const;
   int regions() const;
-  // Allocations and frees recorded.
+  // Allocations and frees traced.
   size_t events() const;
   // The measured step's peak, over what was live when it began.
   int64_t peak() const;
@@ -169,13 +169,13 @@ class StepPhases {
                                         const std::function<void()>& plain_step);
 };
 
-// Runs `step` once and records it. Every region in it must keep nothing (no
+// Runs `step` once and traces it. Every region in it must keep nothing (no
 // policy, or nothing_saveable()): the prediction changes this step's trace by what a
 // plan keeps. An error otherwise, and for what the model does not cover
 // (see above).
 //
 // Then runs `plain_step` (default: `step` again) with every sac region
-// plain, for plain_peak(). It is measured only if the recorded step left
+// plain, for plain_peak(). It is measured only if the traced step left
 // the allocator's live bytes as it found them (a step that leaves its
 // gradients, or makes an optimizer's state, does not: set the gradients to
 // none at the step's end), and if no region checkpointed all the same

@@ -37,16 +37,16 @@ c10::Device first_device(c10::ArrayRef<c10::IValue> outputs) {
   return device.value_or(c10::kCPU);
 }
 
-// Notes in `record`, call `index`, that `t`'s storage was made by an
+// Notes in `entry`, call `index`, that `t`'s storage was made by an
 // earlier call.
-void share_storage(OpCallProfile& record, size_t index,
+void share_storage(OpCallProfile& entry, size_t index,
                    const std::unordered_map<const c10::StorageImpl*, size_t>& made_by,
                    const at::Tensor& t) {
   auto maker = made_by.find(t.storage().unsafeGetStorageImpl());
   if (maker == made_by.end() || maker->second == index) {
     return;
   }
-  auto& shared = record.shares_storage_with;
+  auto& shared = entry.shares_storage_with;
   if (std::find(shared.begin(), shared.end(), maker->second) == shared.end()) {
     shared.push_back(maker->second);
   }
@@ -63,38 +63,38 @@ class Profiler final : public detail::OpObserver {
 
   void after_op(const detail::ObservedOp& call, c10::ArrayRef<c10::IValue> outputs) override {
     const double seconds = std::chrono::duration<double>(Clock::now() - started_).count();
-    OpCallProfile record{call.op};
-    record.call = calls_of_[call.op]++;
-    record.seconds = seconds;
+    OpCallProfile entry{call.op};
+    entry.call = calls_of_[call.op]++;
+    entry.seconds = seconds;
     for (const auto& output : outputs) {
       detail::for_each_tensor(output, [&](const at::Tensor& t) {
         const int64_t bytes = storages_.meet(t);
         if (bytes > 0) {
-          made_by_[t.storage().unsafeGetStorageImpl()] = records.size();
+          made_by_[t.storage().unsafeGetStorageImpl()] = entries.size();
           made_.push_back(t.storage().getWeakStorageImpl());
         }
-        record.output_bytes += bytes;
+        entry.output_bytes += bytes;
       });
     }
-    record.device = first_device(outputs);
-    record.view = detail::is_view(call.op);
-    record.in_place = call.op.schema().is_mutable();
-    record.random = detail::is_random(call.op);
-    record.collective = detail::is_collective(call.op);
-    record.cacheable = detail::is_cacheable(call.op);
+    entry.device = first_device(outputs);
+    entry.view = detail::is_view(call.op);
+    entry.in_place = call.op.schema().is_mutable();
+    entry.random = detail::is_random(call.op);
+    entry.collective = detail::is_collective(call.op);
+    entry.cacheable = detail::is_cacheable(call.op);
     for (const auto& output : outputs) {
       detail::for_each_tensor(output, [&](const at::Tensor& t) {
         if (t.has_storage()) {
           auto& watch = watches_[t.storage().unsafeGetStorageImpl()];
           watch.writers.emplace_back(t);
-          if (record.cacheable) {
-            watch.calls.push_back(records.size());
-            share_storage(record, records.size(), made_by_, t);
+          if (entry.cacheable) {
+            watch.calls.push_back(entries.size());
+            share_storage(entry, entries.size(), made_by_, t);
           }
         }
       });
     }
-    records.push_back(std::move(record));
+    entries.push_back(std::move(entry));
   }
 
   // Marks the call that made `t`'s storage, if one did, as returned by the
@@ -108,7 +108,7 @@ class Profiler final : public detail::OpObserver {
     if (maker == made_by_.end()) {
       return;
     }
-    OpCallProfile& call = records[maker->second];
+    OpCallProfile& call = entries[maker->second];
     call.returned = true;
     call.output_bytes -= static_cast<int64_t>(t.storage().nbytes());
     made_by_.erase(maker);  // counted once however often it is returned
@@ -140,7 +140,7 @@ class Profiler final : public detail::OpObserver {
       for (const auto& writer : watch.writers) {
         if (writer.changed()) {
           for (const size_t call : watch.calls) {
-            records[call].modified_later = true;
+            entries[call].modified_later = true;
           }
           break;
         }
@@ -150,7 +150,7 @@ class Profiler final : public detail::OpObserver {
     made_by_.clear();
   }
 
-  std::vector<OpCallProfile> records;
+  std::vector<OpCallProfile> entries;
 
  private:
   // Per storage an op returned a tensor on: the version counters of those
@@ -262,20 +262,20 @@ ProfiledRun profile_once(const detail::ProfiledRegion& region) {
     detail::ObserverGuard observing(&profiler);
     detail::SavedTensorHooksGuard saves(
         [&]() -> std::unique_ptr<torch::autograd::SavedVariableHooks> {
-          calls_at_last_save = profiler.records.size();
+          calls_at_last_save = profiler.entries.size();
           return nullptr;
         });
     region(returned);
   }
-  for (size_t i = calls_at_last_save; i < profiler.records.size(); ++i) {
-    profiler.records[i].past_stop = true;
+  for (size_t i = calls_at_last_save; i < profiler.entries.size(); ++i) {
+    profiler.entries[i].past_stop = true;
   }
   for (const at::Tensor& t : returned) {
     profiler.returned(t);
   }
   const int64_t plain_bytes = profiler.alive_bytes(returned);
   profiler.finish();
-  return {std::move(profiler.records), plain_bytes};
+  return {std::move(profiler.entries), plain_bytes};
 }
 
 }  // namespace

@@ -4,7 +4,7 @@
 //   p.print(std::cout, sac::RegionProfile::SortBy::Bytes);
 //
 // The profile runs the region, as a plain forward (autograd as usual), and
-// records each op call that reaches below autograd: the op, which call
+// notes each op call that reaches below autograd: the op, which call
 // of it this is (the `ctx.call` a policy is told), the bytes of the new
 // storage its outputs hold, its time, and what it is. The cacheable calls
 // (Note [Cacheable ops]) are the choices of a policy; their bytes are what

@@ -60,7 +60,7 @@ class OffloadHooks final : public torch::autograd::SavedVariableHooks {
       return;
     }
     // The copy's own ops belong to no region: no interceptor or observer
-    // sees them, and autograd does not record them.
+    // sees them, and autograd builds no graph for them.
     detail::IsolationGuard isolated;
     c10::AutoGradMode no_grad(false);
     from_ = CopyTarget::Origin::of(t);

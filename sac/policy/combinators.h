@@ -6,7 +6,7 @@
 //     keeps a call if any policy keeps it, all_of only if all of them do;
 //   * between answers that keep alike, a Must answer beats a Prefer one;
 //   * a tie goes to the earlier policy.
-// A policy asked about an op outside its own domain answers PreferRecompute,
+// A policy asked about an op not in its domain answers PreferRecompute,
 // so `any_of({save_ops({"aten::mm"}), dots_saveable()})` asks both about mm
 // and keeps it if either does.
 //

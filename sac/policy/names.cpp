@@ -13,7 +13,7 @@ namespace {
 
 // An answer per listed name, and `otherwise` for the other names. Every
 // cacheable op is in the domain, answered PreferRecompute: the call that
-// returned a tagged value must be on record for its tag to keep it.
+// returned a tagged value must be in the cache for its tag to keep it.
 class NameRule final : public Policy::Rule {
  public:
   NameRule(std::string description, std::unordered_map<std::string, CheckpointPolicy> answers,

@@ -69,7 +69,7 @@ class Policy {
     virtual ~Rule() = default;
     // The answer for one call of `op`. A combinator asks each of its rules
     // about every op of the combined domain: a rule answers PreferRecompute
-    // for ops outside its own domain. A rule whose domain has no tags is
+    // for ops not in its domain. A rule whose domain has no tags is
     // never asked about sac::tag.
     virtual CheckpointPolicy decide(const SelectiveCheckpointContext& ctx,
                                     const c10::OperatorHandle& op,
@@ -112,12 +112,12 @@ class Policy {
   static Policy from_fn(BoolFn fn);
 
   // Whether this policy is asked about `op` at all. Both passes of a region
-  // consult it, so they record and replay the same calls whatever else sac
+  // consult it, so they count the same calls whatever else sac
   // intercepts.
   bool decides_about(const c10::OperatorHandle& op) const { return domain_->contains(op); }
 
   // The answer for one call. A combinator asks its policies about every op
-  // of its domain; each answers PreferRecompute for the ops outside its own.
+  // of its domain; each answers PreferRecompute for the ops not in its own.
   // Tags are kept from the rules that do not ask about them here, so that a
   // callback written for aten ops never meets sac::tag.
   CheckpointPolicy decide(const SelectiveCheckpointContext& ctx, const c10::OperatorHandle& op,

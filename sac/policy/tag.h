@@ -6,7 +6,7 @@
 // tensor. Below autograd it is a registered operator, `sac::tag(Tensor(a)
 // self, str name) -> Tensor(a)`, so the policies of a selective region see
 // it with its name and can keep, recompute or offload the value by name
-// (sac/policy/names.h). Outside a region, or under a policy that asks about
+// (sac/policy/names.h). Not in a region, or under a policy that asks about
 // no names, it does nothing.
 #pragma once
 

@@ -62,7 +62,7 @@ bool writes_argument_declared_or_not(const c10::OperatorHandle& op, size_t index
                                                   : undeclared != UndeclaredWrite::None;
 }
 
-// Whether `op` runs as part of a trace rather than eagerly: a tracer's mode
+// Whether `op` runs as part of a compile trace rather than eagerly: a tracer's mode
 // is active (those of torch.compile instruction aside while they run their kernels,
 // on meta tensors), or a tensor argument is a meta tensor, as a fake
 // tensor's data is.
@@ -90,9 +90,9 @@ bool traced(c10::ArrayRef<c10::IValue> args) {
 void refuse_a_trace(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args) {
   const std::string& name = op.operator_name().name;
   TORCH_CHECK(!traced(args), "sac::CheckpointRegion: the region runs ", name,
-              " as part of a trace (meta tensors, or a fake, proxy or functional mode: "
+              " as part of a compile trace (meta tensors, or a fake, proxy or functional mode: "
               "torch.compile tracing, make_fx, torch.export). The region records the eager ops "
-              "it runs and replays them; it cannot record a trace, so torch.compile is not "
+              "it runs and replays them; it cannot record a compile trace, so torch.compile is not "
               "supported inside it. A compiled function called in the region is traced there "
               "again (the region changes the dispatch state its guards check). Call compiled "
               "code outside the region, or let torch.compile checkpoint it (torch.utils.checkpoint "
@@ -166,7 +166,7 @@ at::Tensor whole_storage(const at::Tensor& t) {
 }
 
 // Whether host code changed `storage` since its bytes were taken. Only CPU
-// memory is compared: code outside the dispatcher writes host memory.
+// memory is compared: host code writes host memory.
 bool differs_from(const c10::Storage& storage, const at::Tensor& bytes) {
   if (storage.device_type() != c10::kCPU) {
     return false;
@@ -209,7 +209,7 @@ void Recorder::before_op(const detail::ObservedOp& call, c10::ArrayRef<c10::IVal
     recording_.communication.note(op, args);
   }
   // The copies and constants a call needs are made before it runs, reads
-  // first: an in-place op on memory filled outside the dispatcher reads it
+  // first: an in-place op on memory filled by host code reads it
   // as it was, and a call that reads and writes outside memory (BatchNorm's
   // running statistics) reads the copy in replay.
   for (size_t i = 0; i < args.size(); ++i) {

@@ -22,8 +22,8 @@ namespace sac::detail {
 // (the autograd engine, the dispatcher) into Python, where torch turns every
 // c10::Error it does not know into RuntimeError. So the Python module installs
 // a translator: given the error, it throws torch's python_error holding
-// torch_sac.CheckpointError (a subclass of PyTorch's), which torch's frames
-// carry to Python unchanged. Without a translator (C++ programs), the error
+// torch_sac.CheckpointError (a subclass of PyTorch's), which torch's Python
+// stack frames carry unchanged. Without a translator (C++ programs), the error
 // itself is thrown.
 
 // Throws `error`, or what the translator makes of it. The translator must throw.

@@ -1,7 +1,7 @@
 // A hash map from an address to a value, for the per-op hot path.
 //
 // sac looks up an op (its dispatcher entry) or a storage by address for
-// nearly every op a region runs, and adds one entry per saved output:
+// nearly every op a region runs, and adds one entry per kept output:
 // `std::unordered_map` allocates a node per entry and divides by a prime per
 // lookup. This one keeps the entries in one array, open addressing with
 // linear probing on a power-of-two table, so a lookup is a multiply, a

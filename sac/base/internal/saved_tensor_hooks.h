@@ -29,8 +29,8 @@ void install_hooking_engine();
 
 // Hands sac's hooks to an engine that asks someone else for them: Python's
 // engine asks torch's own stack of saved_tensors_hooks, so the Python module
-// pushes a pack and unpack hook there for each of sac's guards. Calls come on
-// the thread of the guard, in stack order.
+// pushes a pack and unpack hook there for each of sac's guards. push() and pop()
+// come on the thread of the guard, in stack order.
 class SavedTensorHooksBridge {
  public:
   virtual ~SavedTensorHooksBridge() = default;

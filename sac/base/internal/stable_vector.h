@@ -1,6 +1,6 @@
 // An append-only sequence whose elements never move.
 //
-// The op cache appends an entry per saved call, and large entries moved by a
+// The op cache appends an entry per kept call, and large entries moved by a
 // growing std::vector cost more than making them; std::deque allocates a
 // block per two of them. StableVector constructs each element in place in
 // segments that double in size (the first under 1 KiB), so a reference stays
@@ -42,10 +42,10 @@ class StableVector {
     if (next_ == end_) {
       add_segment();
     }
-    T* slot = new (next_) T(std::forward<Args>(args)...);
+    T* element = new (next_) T(std::forward<Args>(args)...);
     ++next_;
     ++size_;
-    return *slot;
+    return *element;
   }
 
   T& operator[](size_t i) {

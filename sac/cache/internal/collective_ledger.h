@@ -33,10 +33,11 @@ class CollectiveLedger {
   // Forward: notes the call of collective `op` with `args`, about to run.
   void note(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args);
 
-  // Recomputation: `args` for the `call`-th call of `op` (0-based, counted
+  // Recomputation: `args` for the `call_index`-th call of `op` (0-based, counted
   // from the pass's start) must be what the forward's call of that index
   // had. Throws a c10::Error that names both otherwise.
-  void check(const c10::OperatorHandle& op, size_t call, c10::ArrayRef<c10::IValue> args) const;
+  void check(const c10::OperatorHandle& op, size_t call_index,
+             c10::ArrayRef<c10::IValue> args) const;
 
   // Calls noted.
   size_t size() const;

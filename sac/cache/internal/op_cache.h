@@ -3,26 +3,27 @@
 // The outputs a selective-checkpointing forward keeps for its recomputation.
 //
 // Mirrors the storage of PyTorch's SAC: for each op, its calls in forward
-// order, each either *saved* (its outputs, kept as detached aliases) or marked
+// order, each either *kept* (its outputs, as detached aliases) or marked
 // *recompute*. The recomputation addresses a call by (op, call index), so the
 // forward's decisions are followed exactly. The cache knows nothing of checkpoint
 // frames or policies; it holds values and checks that they are still the
-// values that were stored. Its parts: where each kept tensor is (Slot, which
-// also moves it to a copy target or a stash and back), the storages under
-// them (CachedStorages: bytes and version counters), and, for late
-// decisions, which call returned each storage (Producers).
+// values that were stored. It orders the work of its parts: which entry is
+// which call (CallTable), each call's outputs and what became of them
+// (CacheEntry), where each kept tensor is (Slot, which also moves it to a
+// copy target or a stash and back), the storages under them
+// (CachedStorages: bytes and version counters), and, for late decisions,
+// which call returned each storage (Producers).
 #pragma once
 
 #include <sac/base/copy_target.h>
-#include <sac/base/internal/pointer_map.h>
 #include <sac/base/internal/stable_vector.h>
 #include <sac/base/internal/stash.h>
+#include <sac/cache/internal/cache_entry.h>
+#include <sac/cache/internal/call_table.h>
 #include <sac/cache/internal/cached_storages.h>
 #include <sac/cache/internal/collective_ledger.h>
 #include <sac/cache/internal/producers.h>
-#include <sac/cache/internal/slot.h>
 
-#include <ATen/core/Generator.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
 
@@ -35,14 +36,6 @@
 
 namespace sac::detail {
 
-// A random generator together with its state right after a saved random op
-// drew from it in forward. Serving the op's outputs restores that state, so
-// the random ops recomputed after it draw the same numbers as in forward.
-struct GeneratorSnapshot {
-  at::Generator live;
-  at::Generator state_after;
-};
-
 class OpCache {
  public:
   OpCache() = default;
@@ -54,7 +47,7 @@ class OpCache {
   // The forward fills the cache from begin_forward() to end_forward(). A
   // recomputation may run in between: a backward inside the checkpointed
   // function recomputes the region so far. It follows the entries so far as
-  // a prefix: calls past its end run, saved outputs are handed out but kept
+  // a prefix: calls past its end run, kept outputs are handed out but stay
   // for the backward after the forward, and outputs already modified run
   // again (end_forward will demote them).
   //
@@ -63,7 +56,7 @@ class OpCache {
   // weakly), so that a later decision can change a call's answer until the
   // forward ends: see producer_of.
   void begin_forward(bool track_producers = false);
-  // Ends the forward: demotes saved calls whose outputs were modified in
+  // Ends the forward: demotes kept calls whose outputs were modified in
   // place since they were stored to recompute calls (dropping the outputs):
   // their cached value is no longer what the op returned, but the
   // recomputation will redo both the op and the modification. demotions()
@@ -79,34 +72,34 @@ class OpCache {
     }
   }
 
-  // A saved call that end_forward demoted: its op, which call of it in the
+  // A kept call that end_forward demoted: its op, which call of it in the
   // forward, and the op that first wrote its output in place, if one was
   // seen (per-op kernels see only the ops they intercept).
   struct Demotion {
     c10::OperatorName op;
-    size_t call = 0;
+    size_t call_index = 0;
     std::optional<c10::OperatorName> writer;
   };
   const std::vector<Demotion>& demotions() const { return demotions_; }
 
-  // Moves the outputs of every saved call into `stash` (after
+  // Moves the outputs of every kept call into `stash` (after
   // end_forward): the cache keeps the stash's hooks instead, and take()
   // gets the outputs back from them. The cache holds no storage any more
   // (bytes() is 0); in-place changes to the stored tensors are still caught.
   void stash(TensorStash& stash);
 
-  // Records that the next call of `op` will be recomputed. While tracking
+  // Enters the next call of `op` as recomputed. While tracking
   // producers, `outputs` (held weakly) and `generator` are what keep_late
   // needs to keep the call after all; otherwise they are not kept.
   void append_recompute(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> outputs = {},
                         std::optional<GeneratorSnapshot> generator = std::nullopt);
 
-  // Records the next call of `op` as saved: keeps a detached alias of each
+  // Enters the next call of `op` as kept: keeps a detached alias of each
   // tensor in `outputs` (same storage and version counter, no autograd
   // history) with its version now; other values are kept as they are. With
   // `offload_to`, each tensor it accepts is copied there now and its alias
   // dropped, so the device memory goes as soon as the forward is done with
-  // it; a tensor it does not accept is kept as saved.
+  // it; a tensor it does not accept is saved instead.
   void append_kept(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> outputs,
                    std::optional<GeneratorSnapshot> generator,
                    std::shared_ptr<CopyTarget> offload_to = nullptr);
@@ -131,7 +124,7 @@ class OpCache {
   // A call in the cache that returned a tensor, and whether it is kept now.
   struct Producer {
     c10::OperatorHandle op;
-    size_t call;
+    size_t call_index;
     bool kept;
   };
 
@@ -154,11 +147,11 @@ class OpCache {
 
   // ---- Recomputation ------------------------------------------------------
 
-  // Whether the outputs of call `call` of `op` are (or were, until taken) in
+  // Whether the outputs of call `call_index` of `op` are (or were, until taken) in
   // the cache; otherwise the recomputation runs the op. False for a call past
   // the end of a forward still filling. Throws if the forward made no such
   // call (and is not filling any more).
-  bool cached(const c10::OperatorHandle& op, size_t call) const;
+  bool cached(const c10::OperatorHandle& op, size_t call_index) const;
 
   // Starts copying every offloaded output back to its device, so that the
   // copies overlap with the work queued before the recomputation reaches
@@ -170,13 +163,13 @@ class OpCache {
     std::optional<GeneratorSnapshot> generator;
   };
 
-  // Hands out the outputs of saved call `call` of `op`, once (any number of
+  // Hands out the outputs of kept call `call_index` of `op`, once (any number of
   // times while filling). Throws if they were already handed out (a second
   // backward through the region), or if a tensor among them was modified in
   // place since it was stored and `allow_mutation` is false.
-  Served take(const c10::OperatorHandle& op, size_t call, bool allow_mutation);
+  Served take(const c10::OperatorHandle& op, size_t call_index, bool allow_mutation);
 
-  // Drops the outputs of the saved calls not handed out, after a
+  // Drops the outputs of the kept calls not handed out, after a
   // recomputation that stopped early (sac/checkpoint: once every tensor
   // autograd saved is made again): no later pass may take them, since a
   // region with a policy is backwarded once. Does nothing while filling.
@@ -186,7 +179,7 @@ class OpCache {
   // demotions: empty, as new.
   void clear();
   // No call entered (or all cleared).
-  bool empty() const { return ops_.empty(); }
+  bool empty() const { return calls_.empty(); }
 
   // The collectives the forward issued (sac/cache/internal/collective_ledger.h),
   // whether or not the policy decides about them. Emptied by
@@ -200,110 +193,44 @@ class OpCache {
   // Offloaded and stashed outputs are not counted: the target and the
   // stash hold those.
   size_t bytes() const { return storages_.bytes(); }
-  // Saved calls whose outputs have not been handed out yet.
+  // Kept calls whose outputs have not been handed out yet.
   size_t kept_calls() const { return kept_calls_; }
-  // Saved calls turned into recompute calls by end_forward.
+  // Kept calls turned into recompute calls by end_forward.
   size_t demoted_calls() const { return demotions_.size(); }
 
   // The calls entered by what became of them, after end_forward and
   // before stash() (sac/cache/statistics.h counts with it).
   struct Summary {
     size_t saved_calls = 0;      // every output still on its device
-    size_t offloaded_calls = 0;  // saved, an output offloaded
+    size_t offloaded_calls = 0;  // kept, an output offloaded
     size_t recompute_calls = 0;
-    // Device bytes of the offloaded outputs' storages that no saved output
-    // holds (each counted once).
+    // Device bytes of the offloaded outputs' storages that no output saved
+    // on its device holds (each counted once).
     int64_t offloaded_bytes = 0;
   };
   Summary summary() const;
 
  private:
-  struct Entry {
-    Entry(const c10::OperatorHandle& op, size_t index) : op(op), index(index) {}
-    // Saved (with its outputs) or Recompute (with the structure of its
-    // outputs and weak slots while producers are tracked).
-    enum class State : uint8_t { Recompute, Kept, Served };
-    c10::OperatorHandle op;
-    size_t index;  // among the op's calls in the forward
-    State state = State::Recompute;
-    // The usual case: every output is a defined tensor, each in its slot,
-    // and the slots are the whole structure. Otherwise `outputs` keeps the
-    // op's outputs with their structure, each tensor replaced by an
-    // undefined placeholder, and `defined` says per placeholder whether it
-    // stands for a defined tensor, which is then in the next slot.
-    bool plain = true;
-    c10::SmallVector<c10::IValue, 1> outputs;  // unless plain
-    c10::SmallVector<bool, 2> defined;         // unless plain
-    c10::SmallVector<Slot, 1> slots;
-    std::optional<GeneratorSnapshot> generator;
-    std::shared_ptr<CopyTarget> target;  // of the offloaded slots
-  };
-
-  // Per op, its calls in forward order: each its entry in `entries_`, or
-  // kRecomputed for a recompute call entered without one (when no
-  // producers are tracked, nothing about it is needed but its place). The
-  // calls before the first with an entry are only counted: an op a policy
-  // never keeps costs a counter.
-  static constexpr uint32_t kRecomputed = UINT32_MAX;
-  class OpCalls {
-   public:
-    size_t size() const { return count_; }
-    uint32_t operator[](size_t call) const {
-      return call < first_entry_ ? kRecomputed : entries_[call - first_entry_];
-    }
-    void push_back(uint32_t entry) {
-      if (entries_.empty() && entry == kRecomputed) {
-        ++count_;
-        first_entry_ = count_;
-        return;
-      }
-      entries_.emplace_back(entry);
-      ++count_;
-    }
-
-   private:
-    size_t count_ = 0;
-    size_t first_entry_ = 0;          // calls before it have no entry
-    StableVector<uint32_t> entries_;  // from first_entry_ on
-  };
-
-  // The calls of `op`: calls_of adds them (empty) if absent, find_calls
-  // returns null. The latest op found is remembered: the caching mode asks
-  // for the count of an op's calls, then appends one.
-  OpCalls& calls_of(const c10::OperatorHandle& op);
-  const OpCalls* find_calls(const c10::OperatorHandle& op) const;
-  // The entry of call `call` of `op`, or null for a recompute call without
+  using Entry = CacheEntry;
+  // The entry of call `call_index` of `op`, or null for a recompute call without
   // one. Sets `known` to false (and returns null) for one past the end of
   // a forward still filling; throws past the end of a finished forward.
-  const Entry* find(const c10::OperatorHandle& op, size_t call, bool& known) const;
-  Entry* find(const c10::OperatorHandle& op, size_t call, bool& known) {
-    return const_cast<Entry*>(std::as_const(*this).find(op, call, known));
+  const Entry* find(const c10::OperatorHandle& op, size_t call_index, bool& known) const;
+  Entry* find(const c10::OperatorHandle& op, size_t call_index, bool& known) {
+    return const_cast<Entry*>(std::as_const(*this).find(op, call_index, known));
   }
   // A new entry for the next call of `op`.
   Entry& add(const c10::OperatorHandle& op);
-  // Records the structure of `outputs` in `call`, with a slot per defined
-  // tensor (not kept yet); the defined tensors in order, in `tensors`.
-  using Tensors = c10::SmallVector<at::Tensor, 2>;
-  static void shape_of(Entry& call, c10::ArrayRef<c10::IValue> outputs, Tensors& tensors);
-  // Keeps `call`'s slots (`tensors`, one per slot) and offloads those
-  // `offload_to` accepts: the call is saved from now on.
-  void keep(Entry& call, c10::ArrayRef<at::Tensor> tensors, std::shared_ptr<CopyTarget> offload_to);
   void note_writes_on_kept(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> outputs);
   void watch_aliases_of_known(c10::ArrayRef<c10::IValue> values);
   // Forgets what only late decisions needed.
   void stop_tracking();
   void demote_modified();
-  // The call's outputs with each slot's tensor (see Slot::tensor).
-  std::vector<c10::IValue> outputs_of(Entry& call, bool consume);
-  void drop(Entry& call);
-  // The first tensor of `call` modified since it was stored: its index and
-  // how, or nullopt.
-  std::optional<std::pair<size_t, std::string>> first_modified(const Entry& call) const;
+  // Drops kept `call`'s outputs; it is `now` from then on.
+  void drop(Entry& call, Entry::State now);
 
-  PointerMap<OpCalls> ops_;                   // by detail::op_key
-  mutable const void* latest_key_ = nullptr;  // see calls_of
-  mutable OpCalls* latest_calls_ = nullptr;
-  StableVector<Entry> entries_;  // the entries, in the order recorded
+  CallTable calls_;
+  StableVector<Entry> entries_;  // the entries, in the order entered
   CachedStorages storages_;
   Producers producers_;  // while tracking producers
   bool track_producers_ = false;

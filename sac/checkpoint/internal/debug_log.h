@@ -1,11 +1,11 @@
-// The op logs of checkpoint's debug mode.
+// The op logs of checkpoint's debug option.
 //
 // With debug on, a checkpoint logs the ops its forward runs and the ops each
 // recomputation runs, and prints both when the recomputation turns out to
 // differ from the forward. Logging uses thread-local RecordFunction callbacks:
 // it sees every op called through the dispatcher, whatever dispatch
 // mechanism sac's modes use. A log belongs to one checkpoint frame and dies
-// with it, so debug mode neither leaks nor slows down over iterations.
+// with it, so debug logging neither leaks nor slows down over iterations.
 #pragma once
 
 #include <atomic>

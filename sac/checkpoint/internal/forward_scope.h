@@ -24,7 +24,7 @@ class ForwardScope {
   // its forward context (a selective region's caching mode), the observer
   // that `observer` makes if any (made once the context is entered: it may
   // ask for the active interceptor; under per-op kernels in-place ops are
-  // shown to it too), the op log in debug mode, and the saved tensors'
+  // shown to it too), the op log with debug on, and the saved tensors'
   // origins with the value check.
   ForwardScope(const char* name, std::shared_ptr<CheckpointFrame> frame, const FrameConfig& config,
                const std::function<detail::OpObserver*()>& observer)

@@ -44,7 +44,7 @@ class OutsideTensorWatch {
   detail::OpObserver* forward_observer() { return &noter_; }
   // Add this on the thread for each recomputation: it checks reads. (A
   // backward inside the region's forward can recompute while the forward
-  // still records: two observers, not one with a mode.)
+  // still records: two observers, not one with a switch.)
   detail::OpObserver* recompute_observer() { return &checker_; }
 
   // Whether the forward overwrote whole before any op read it, or made, the

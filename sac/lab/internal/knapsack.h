@@ -12,7 +12,7 @@ namespace sac::detail {
 
 struct Item {
   int64_t weight = 0;  // bytes saved if chosen (>= 0)
-  double value = 0;    // time saved if chosen (>= 0)
+  double value = 0;    // time spared if chosen (>= 0)
   // Items of one group (>= 0) exclude their group's `whole` item: either it
   // is chosen or any of the others (a region not checkpointed, or some of
   // its calls kept).

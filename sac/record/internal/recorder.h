@@ -13,11 +13,11 @@
 // before a replay communicates (communication.h).
 //
 // What it refuses, with a CheckpointError-style c10::Error naming the op:
-//   * ops run as part of a trace (torch.compile, make_fx, export);
+//   * ops run as part of a compile trace (torch.compile, make_fx, export);
 //   * ops with a Storage argument (set_ on a storage): a storage is not a
 //     value the recording can follow;
 //   * tensors inside other containers than lists (none in aten today).
-// Memory written outside the dispatcher (torch::tensor(std::vector),
+// Memory written by host code (torch::tensor(std::vector),
 // torch::from_blob) is followed by its bytes while only such code writes it
 // (recording.h: Fill). What it cannot see: memory written through data_ptr()
 // or accessors after an op wrote it, or that a tensor made before the region
@@ -76,7 +76,7 @@ class Recorder final : public detail::OpObserver {
     c10::weak_intrusive_ptr<c10::StorageImpl> storage;
     std::optional<ValueId> latest;  // the last value made on it
     caffe2::TypeMeta latest_dtype;
-    // Code outside the dispatcher may write it: memory sac does not own, or
+    // Host code may write it: memory sac does not own, or
     // fresh memory from an empty-like op that no op has overwritten whole.
     bool host_written = false;
     bool foreign = false;  // not from an allocator (torch::from_blob)
@@ -107,8 +107,8 @@ class Recorder final : public detail::OpObserver {
   void before_write(const at::Tensor& t, bool whole);
   void take_snapshot(const at::Tensor& t, StorageState& state);
   at::Tensor copy_bytes(const c10::Storage& storage);
-  // Before a call or autograd reads `t`: bytes written outside the
-  // dispatcher since they were last taken become a Fill instruction.
+  // Before a call or autograd reads `t`: bytes written by host
+  // code since they were last taken become a Fill instruction.
   void before_read(const at::Tensor& t);
   // An op or autograd reads `t`: its storage can no longer be made fresh.
   void note_read(const at::Tensor& t);

@@ -26,13 +26,13 @@
 //             copies gathered parameters into theirs): nothing of it is kept.
 //             Each tensor read on outside memory is watched: replay refuses
 //             to start if one was modified in place since (OutsideRead).
-//   Fill      bytes that code outside the dispatcher wrote into memory the
+//   Fill      bytes that host code wrote into memory the
 //             recording follows (torch::tensor(std::vector) fills what
 //             at::empty returned; a from_blob tensor's owner writes): taken
 //             when an op, or autograd, next reads that memory, and written
 //             into it again at that point of the replay. Memory is compared
-//             with its last fill at each such read, while only code outside
-//             the dispatcher writes it: fresh memory from an empty-like op
+//             with its last fill at each such read, while only host code
+//             writes it: fresh memory from an empty-like op
 //             until an op writes it, memory sac does not own always.
 //   Alias     a tensor on an earlier value's memory that appeared without an
 //             op (the autograd-level result of .data(), a non-differentiable
