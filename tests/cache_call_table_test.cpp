@@ -84,8 +84,8 @@ TEST(CallTable, ClearForgetsEveryCall) {
 // remembered, so the order matters), each checked against a map of vectors.
 TEST(CallTable, AgreesWithAPlainReference) {
   const std::vector<c10::OperatorHandle> ops = {
-      op_named("aten::add", "Tensor"), op_named("aten::mul", "Tensor"),
-      op_named("aten::mm", ""), op_named("aten::relu", ""), op_named("aten::view", "")};
+      op_named("aten::add", "Tensor"), op_named("aten::mul", "Tensor"), op_named("aten::mm", ""),
+      op_named("aten::relu", ""), op_named("aten::view", "")};
   for (uint32_t seed = 0; seed < 20; ++seed) {
     std::mt19937 random(seed);
     CallTable table;
@@ -104,9 +104,7 @@ TEST(CallTable, AgreesWithAPlainReference) {
           ++appended;
           break;
         }
-        case 1:
-          ASSERT_EQ(table.calls_so_far(op), calls.size()) << "seed " << seed;
-          break;
+        case 1: ASSERT_EQ(table.calls_so_far(op), calls.size()) << "seed " << seed; break;
         default: {
           const size_t call = random() % (calls.size() + 2);
           const CallTable::Found found = table.find(op, call);

@@ -16,8 +16,8 @@
 
 namespace cache_entry_test {
 
-using sac::detail::CacheEntry;
 using sac::detail::CachedStorages;
+using sac::detail::CacheEntry;
 
 c10::OperatorHandle op_named(const char* name, const char* overload) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);

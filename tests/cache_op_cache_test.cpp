@@ -80,8 +80,7 @@ TEST(OpCache, FollowsTheForwardsDecisionsByOpAndCall) {
   cache.release_untaken();
   EXPECT_EQ(cache.kept_calls(), 0u);
   EXPECT_EQ(cache.bytes(), 0u);
-  EXPECT_NE(error_of([&] { cache.take(ops.add, 1, false); }).find("extra time"),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { cache.take(ops.add, 1, false); }).find("extra time"), std::string::npos);
 }
 
 TEST(OpCache, RefusesARecomputationThatPartsWaysWithTheForward) {
@@ -112,8 +111,8 @@ TEST(OpCache, WhileFillingServesAliasesAndRunsPastTheEnd) {
     EXPECT_TRUE(served.outputs[0].toTensor().is_alias_of(forward.product));
   }
   EXPECT_EQ(cache.kept_calls(), 2u);
-  cache.prefetch();           // nothing while filling
-  cache.release_untaken();    // nor this
+  cache.prefetch();         // nothing while filling
+  cache.release_untaken();  // nor this
   EXPECT_EQ(cache.kept_calls(), 2u);
   cache.end_forward();
   EXPECT_TRUE(cache.cached(forward.ops.mul, 0));

@@ -103,7 +103,7 @@ TEST(Producers, KnowsWhichCallReturnedAStorage) {
   Producers producers;
   EXPECT_TRUE(producers.empty());
   producers.note(mm, 4, {first});
-  producers.note(add, 0, {second, at::Tensor()});  // undefined outputs are skipped
+  producers.note(add, 0, {second, at::Tensor()});    // undefined outputs are skipped
   ASSERT_TRUE(producers.of(first.t()).has_value());  // a view: the same storage
   EXPECT_EQ(producers.of(first)->op, mm);
   EXPECT_EQ(producers.of(first)->index, 4u);
