@@ -535,7 +535,7 @@ int run_lab(int argc, char** argv) {
   const auto profiling = Clock::now();
   for (size_t i = 0; i < blocks.modules.size(); ++i) {
     torch::manual_seed(42);
-    profiles.push_back(sac::profile([&] { blocks.modules[i]->forward(blocks.inputs[i]); },
+    profiles.push_back(sac::profile([&] { return blocks.modules[i]->forward(blocks.inputs[i]); },
                                     static_cast<int>(absl::GetFlag(FLAGS_profile_runs))));
   }
   std::printf("profiled %zu blocks in %.0f ms (%lld runs each); block 0 keeps %.3f MiB if every "

@@ -11,12 +11,14 @@
 //   sac/lab/explain.h      sac::explain: a policy's answers and what came of them
 //   sac/lab/budget.h       budgeted policies and plans (a knapsack of bytes)
 //   sac/lab/peak.h         a training step's peak, predicted and planned for
+//   sac/lab/memory.h       sac::measure_peak: a function's peak, from c10's reports
 //   sac/lab/shape_plans.h  a plan per input shape
 // The checkpointing API is sac/sac.h's; this door stands beside it.
 #pragma once
 
 #include <sac/lab/budget.h>
 #include <sac/lab/explain.h>
+#include <sac/lab/memory.h>
 #include <sac/lab/peak.h>
 #include <sac/lab/profile.h>
 #include <sac/lab/shape_plans.h>

@@ -67,7 +67,7 @@ struct Regions {
     std::vector<sac::RegionProfile> out;
     forward([&](size_t, const Body& body, const at::Tensor& in) {
       at::Tensor y;
-      out.push_back(sac::profile([&] { y = body(in); }, 1));
+      out.push_back(sac::profile([&] { return y = body(in); }, 1));
       return y;
     });
     return out;

@@ -363,6 +363,12 @@ TEST_F(Lab, WhatTheRegionReturnsIsTheCallers) {
   EXPECT_FALSE(unreturned.calls().back().returned);
   EXPECT_EQ(unreturned.calls().back().output_bytes, 8 * 16 * 4);
   EXPECT_EQ(p.keepable_bytes(), unreturned.keepable_bytes() - 8 * 16 * 4);
+  // A region that returns nothing let its graph go as it returned: what it
+  // keeps unchecked is not measured, so no plan leaves it unchecked.
+  EXPECT_EQ(p.plain_bytes(), 8 * 16 * 4);  // tanh's output, which its backward needs
+  EXPECT_EQ(unreturned.plain_bytes(), -1);
+  EXPECT_TRUE(sac::budgeted_plan({unreturned}, sac::Budget::bytes(1 << 20)).checkpointed[0]);
+  EXPECT_FALSE(sac::budgeted_plan({p}, sac::Budget::bytes(1 << 20)).checkpointed[0]);
   // Tuples and vectors are read too; a storage returned twice is the caller's once.
   const auto pair = sac::profile(
       [&] {

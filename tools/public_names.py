@@ -78,7 +78,7 @@ def walk(cursor, scope, names):
 DOORS = [
     ("sac/sac.h", 40),
     ("sac/policy/presets.h", 12),
-    ("sac/lab.h", 20),
+    ("sac/lab.h", 21),
     ("sac/checkpoint/guards.h", 3),
     ("sac/nn/checkpoint_wrapper.h", 4),
     ("sac/nn/apply_activation_checkpointing.h", 4),
@@ -86,8 +86,8 @@ DOORS = [
     ("sac/nn/offload_wrapper.h", 4),
 ]
 # All C++ doors together, and the Python package's __all__.
-CPP_BUDGET = 80
-PYTHON_BUDGET = 48
+CPP_BUDGET = 81
+PYTHON_BUDGET = 49
 
 
 def parse(header):

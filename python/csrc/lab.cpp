@@ -156,8 +156,17 @@ void add_lab(py::module_& m) {
   m.def(
       "profile",
       // sac.profile hands over the tensors among what the region returns.
-      [](const std::function<std::vector<at::Tensor>()>& region, int runs, int warmup) {
-        return profile(region, runs, warmup);
+      [](const std::function<std::optional<std::vector<at::Tensor>>()>& region, int runs,
+         int warmup) {
+        return detail::profile_region(
+            [&](std::vector<at::Tensor>& returned) {
+              std::optional<std::vector<at::Tensor>> out = region();
+              if (out.has_value()) {
+                returned = std::move(*out);
+              }
+              return out.has_value();
+            },
+            runs, warmup);
       },
       py::arg("region"), py::arg("runs") = 3, py::arg("warmup") = 0);
 
@@ -225,6 +234,7 @@ void add_lab(py::module_& m) {
       .def("peak", &StepPhases::peak)
       .def_property_readonly("plain_peak", &StepPhases::plain_peak)
       .def_property_readonly("why_no_plain_peak", &StepPhases::why_no_plain_peak)
+      .def_property_readonly("left", &StepPhases::left)
       .def("with_plain_peak", &StepPhases::with_plain_peak, py::arg("plain_peak"),
            py::arg("why_not") = "")
       .def(
@@ -251,16 +261,18 @@ void add_lab(py::module_& m) {
   m.def(
       "measure_step_phases",
       [](const std::function<void()>& step, const std::function<int64_t()>& live,
-         const std::function<int64_t()>& peak, const std::function<void()>& reset_peak,
-         const std::function<void()>& plain_step) {
+         const std::function<int64_t()>& peak, const std::function<void()>& reset_peak) {
         MemoryProbe probe;
         probe.live = live;
         probe.peak = peak;
         probe.reset_peak = reset_peak;
-        return measure_step_phases(probe, step, plain_step);
+        return measure_step_phases(probe, step);
       },
-      py::arg("step"), py::kw_only(), py::arg("live"), py::arg("peak"), py::arg("reset_peak"),
-      py::arg("plain_step") = py::none());
+      py::arg("step"), py::kw_only(), py::arg("live") = py::none(), py::arg("peak") = py::none(),
+      py::arg("reset_peak") = py::none());
+  m.def(
+      "measure_peak", [](const std::function<void()>& fn) { return measure_peak(fn); },
+      py::arg("fn"));
 }
 
 }  // namespace sac::python

@@ -128,6 +128,32 @@ void raise_trace_refusal_first(py::handle raised) {
   throw py::error_already_set();
 }
 
+// While entered, this thread's regions run plainly, and those that began
+// as checkpoints all the same are counted: sac.measure_step_phases' plain
+// step, for regions of PyTorch's checkpoint, whose frames tell sac nothing
+// of what they save (sac/lab/peak.h predicts sac's own).
+class PlainRegions final : public sac::detail::RegionEvents {
+ public:
+  void forward_began(const void*) override { ++checkpointed_; }
+  void forward_ended(const void*) override {}
+  void recomputation_began(const void*) override {}
+  void recomputation_ended(const void*) override {}
+  void released(const void*) override {}
+  void outputs_kept(size_t) override {}
+  bool regions_run_plainly() const override { return true; }
+
+  void enter() {
+    TORCH_CHECK(!guard_, "sac: the plain regions' context is entered already.");
+    guard_.emplace(this);
+  }
+  void exit() { guard_.reset(); }
+  size_t checkpointed() const { return checkpointed_; }
+
+ private:
+  size_t checkpointed_ = 0;
+  std::optional<sac::detail::RegionEventsGuard> guard_;
+};
+
 py::tuple contexts(const Policy& policy, bool allow_cache_entry_mutation,
                    std::shared_ptr<RegionStatistics> statistics) {
   SelectiveCheckpointContexts pair = create_selective_checkpoint_contexts(
@@ -262,6 +288,17 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("create_selective_checkpoint_contexts", &sac::python::contexts, py::arg("policy"),
         py::arg("allow_cache_entry_mutation") = false, py::arg("statistics") = nullptr);
+  py::class_<sac::python::PlainRegions>(m, "_PlainRegions")
+      .def(py::init<>())
+      .def(
+          "__enter__",
+          [](sac::python::PlainRegions& plain) -> sac::python::PlainRegions& {
+            plain.enter();
+            return plain;
+          },
+          py::return_value_policy::reference)
+      .def("__exit__", [](sac::python::PlainRegions& plain, const py::args&) { plain.exit(); })
+      .def_property_readonly("checkpointed", &sac::python::PlainRegions::checkpointed);
   m.def(
       "_regions_run_plainly", [] { return sac::detail::regions_run_plainly(); },
       "Whether this thread's regions run without checkpointing now: "

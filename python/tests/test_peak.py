@@ -110,7 +110,7 @@ def test_peak_plans_hold_their_budgets(architecture):
 
 @pytest.mark.parametrize("architecture", [models.gpt2, models.llama], ids=lambda f: f.__name__)
 def test_a_peak_budget_the_plain_step_fits_recomputes_nothing(architecture):
-    """Not checkpointing is a plan too (Note [The plain step]): with
+    """Not checkpointing is a plan too (sac.measure_step_phases' plain step): with
     `plain_step`, the step with checkpointing off, measure_step_phases
     measures its peak (the counting allocator's, to the byte), and a peak
     budget it fits gets the plan that checkpoints nothing; one byte under it,
@@ -143,6 +143,9 @@ def test_a_peak_budget_the_plain_step_fits_recomputes_nothing(architecture):
         refused = sac.measure_step_phases(clearing(raw), **PROBE)
     assert refused.plain_peak is None
     assert "checkpointed in the plain run all the same" in refused.why_no_plain_peak
+    # A plain step that runs nothing would plan for a peak of 0: refused.
+    with no_collection(), pytest.raises(RuntimeError, match="the plain step allocated nothing"):
+        sac.measure_step_phases(clearing(m), plain_step=lambda: None, **PROBE)
     assert phases.plain_peak is not None, phases.why_no_plain_peak
     with no_collection():
         before = counting.sac_counting_live_bytes()

@@ -46,3 +46,32 @@ for name, run in runs.items():
     got = grads(run)
     assert all(torch.equal(a, b) for a, b in zip(plain, got)), f"{name}: gradients differ"
 print(f"torch_sac {where}: context_fn and region bit-identical under {sac.mechanism()}")
+
+# sac measures memory itself, with the CPU's default allocator and nothing
+# installed: a plan for a step's peak peaks where it was predicted.
+torch.set_num_threads(1)
+layers = [torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 16))
+          for _ in range(3)]
+
+
+def step(context_fn):
+    h = x.detach().requires_grad_()
+    for layer in layers:
+        h = checkpoint(layer, h, use_reentrant=False, context_fn=context_fn)
+    h.square().sum().backward()
+    for layer in layers:
+        layer.zero_grad(set_to_none=True)
+
+
+nothing = sac.context_fn(sac.nothing_saveable())
+step(nothing)  # one-time allocations
+phases = sac.measure_step_phases(lambda: step(nothing))
+assert phases.plain_peak is not None, phases.why_no_plain_peak
+profiles = [sac.profile(lambda layer=layer: layer(x.detach().requires_grad_()), runs=1)
+            for layer in layers]
+for budget in [phases.peak(), (phases.peak() + phases.plain_peak) // 2, phases.plain_peak]:
+    plan = phases.plan_for_peak(profiles, budget)
+    measured = sac.measure_peak(lambda: step(sac.in_order(plan.plan.policies)))
+    assert measured == plan.predicted_peak <= budget, (budget, measured, plan.predicted_peak)
+print(f"torch_sac: peak plans measured by sac itself at their predictions (full recomputation "
+      f"{phases.peak()} bytes, plain {phases.plain_peak})")

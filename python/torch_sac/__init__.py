@@ -106,7 +106,7 @@ __all__ = [
     # The policy lab: profiles, explanations, budgets, a step's peak.
     "BudgetedPlan", "ExplainedCall", "Explanation", "OpCallProfile", "PeakPlan",
     "RegionProfile", "RegionStatistics", "StepPhases", "budgeted_plan", "budgeted_policy",
-    "explain", "measure_step_phases", "profile", "profile_layers",
+    "explain", "measure_peak", "measure_step_phases", "profile", "profile_layers",
 ]
 
 # sac's answers are PyTorch's, in the same order (the C++ side relies on it).
@@ -230,7 +230,7 @@ def _contexts(policy: Policy, allow_cache_entry_mutation: bool,
 class _RunsPlainly:
     """The forward context of a region a budgeted plan leaves unchecked
     (Policy.checkpoints is False), or of any region while
-    sac.measure_step_phases runs the plain step (Note [The plain step]),
+    sac.measure_step_phases runs the plain step (its `plain_step`),
     under PyTorch's non-reentrant checkpoint.
     The checkpoint pushes its saved-tensor hooks just before it enters this
     context; while the region runs they are set aside, so autograd saves the
@@ -309,9 +309,14 @@ def profile(region: Callable[[], Any], runs: int = 3, warmup: int = 0) -> Region
     region whose first run does more (FSDP's lazy initialisation, a cache
     filled once) needs `warmup=1`: warm-up runs are not profiled. The calls
     that made the tensors `region` returns (anywhere in a tuple, list, dict or
-    model output) are `returned` and cost no bytes: the caller holds them."""
+    model output) are `returned` and cost no bytes: the caller holds them.
+    A region that returns None drops its graph as it returns, so what it
+    keeps unchecked is not measured (`plain_bytes` is -1): return the output."""
     def returning():
-        return [t for t in torch.utils._pytree.tree_leaves(region())
+        out = region()
+        if out is None:
+            return None
+        return [t for t in torch.utils._pytree.tree_leaves(out)
                 if isinstance(t, torch.Tensor)]
     return _C.profile(returning, runs, warmup)
 
@@ -376,8 +381,21 @@ def explain(policy: PolicyLike, region: Callable[[], Any]) -> Explanation:
     return _C.explain(as_policy(policy), region)
 
 
-def measure_step_phases(step: Callable[[], Any], *, live: Callable[[], int],
-                        peak: Callable[[], int], reset_peak: Callable[[], Any],
+def measure_peak(fn: Callable[[], Any]) -> int:
+    """The most bytes `fn` had live at once on the CPU, over what was live
+    when it began: sac hears every
+    allocation and free of this thread from c10's memory reports, with no
+    allocator to install. Run it on one intra-op thread
+    (torch.set_num_threads(1)) and with the garbage collector off; no
+    profiler may run meanwhile."""
+    def run() -> None:
+        fn()
+    return _C.measure_peak(run)
+
+
+def measure_step_phases(step: Callable[[], Any], *, live: Optional[Callable[[], int]] = None,
+                        peak: Optional[Callable[[], int]] = None,
+                        reset_peak: Optional[Callable[[], Any]] = None,
                         plain_step: Optional[Callable[[], Any]] = None,
                         group: Any = None) -> StepPhases:
     """One training step (`step`: a function of no arguments that runs the
@@ -387,25 +405,28 @@ def measure_step_phases(step: Callable[[], Any], *, live: Callable[[], int],
     (`predict_peak(plan)`, `predict_peak_of(explanations)`) and plans for a
     peak budget (`plan_for_peak(profiles, peak_bytes)`; see docs/lab.md).
     Every region must keep nothing: checkpoint them with
-    sac.context_fn(sac.nothing_saveable()) (or sac.region()). `live`, `peak`
-    and `reset_peak` read the allocator's counters (bytes live now, the peak
-    since the last reset, and resetting it); its allocations must reach c10's
-    memory reporting, as the counting allocator's of
-    benchmarks/counting_allocator.cpp do. Run it with the garbage collector
+    sac.context_fn(sac.nothing_saveable()) (or sac.region()). sac hears the
+    step's allocations from c10's memory reports (see measure_peak); `live`,
+    `peak` and `reset_peak`, if given, read an allocator's own counters (bytes
+    live now, the peak since the last reset, and resetting it), which must
+    agree with the reports. Run it with the garbage collector
     off (a collection inside frees other steps' memory). No profiler may run
     during the step (torch.profiler, torch.autograd.profiler): c10 reports
     allocations to the profiler's slot of the thread, which the recording
     takes; one running when the step begins is refused, and one started
     inside refuses to start.
 
-    The step then runs once more with every sac.region plain, for
-    `plain_peak`, the peak of the step without checkpointing, which
-    `plan_for_peak` returns (recomputing nothing) where it fits. Regions of
-    torch.utils.checkpoint cannot be made plain from inside: give
-    `plain_step`, the step with checkpointing off (Hugging Face:
-    gradient_checkpointing_disable() around it). The plain peak is measured
+    `plain_peak` is the peak of the step without checkpointing, which
+    `plan_for_peak` returns (recomputing nothing) where it fits. Where every
+    region is sac's own (sac.region), it is predicted from the same step,
+    which runs once, whatever it does with gradients and an optimizer's
+    state. Regions of torch.utils.checkpoint do not tell sac what they save,
+    so for them the step runs once more with every region plain, or
+    `plain_step` runs (the step with checkpointing off; Hugging Face:
+    gradient_checkpointing_disable() around it). That plain peak is measured
     only if the step left the live bytes as it found them (set the gradients
-    to none at its end); `why_no_plain_peak` says why not otherwise.
+    to none at its end); `why_no_plain_peak` says why not otherwise. A plain
+    step that allocates nothing is an error.
 
     On ranks (torch.distributed initialized), the ranks of `group` (default:
     the default group) measure their steps together, and a refusal on any
@@ -430,9 +451,12 @@ def measure_step_phases(step: Callable[[], Any], *, live: Callable[[], int],
 
     refused = None
     try:
-        phases = _C.measure_step_phases(
-            recorded(step), live=live, peak=peak, reset_peak=reset_peak,
-            plain_step=None if plain_step is None else recorded(plain_step))
+        phases = _C.measure_step_phases(recorded(step), live=live, peak=peak,
+                                        reset_peak=reset_peak)
+        if phases.plain_peak is None:
+            phases = _with_measured_plain_peak(
+                phases, recorded(step if plain_step is None else plain_step), live, peak,
+                reset_peak)
     except RuntimeError as e:
         refused = e
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
@@ -458,6 +482,40 @@ def measure_step_phases(step: Callable[[], Any], *, live: Callable[[], int],
         return phases.with_plain_peak(
             None, f"rank {missing[0][0]} of the group measured no plain peak: {missing[0][1]}")
     return phases.with_plain_peak(max(peak for _, peak, _ in outcomes))
+
+
+def _with_measured_plain_peak(phases: StepPhases, plain_step: Callable[[], None],
+                              live: Optional[Callable[[], int]], peak: Optional[Callable[[], int]],
+                              reset_peak: Optional[Callable[[], Any]]) -> StepPhases:
+    """`phases` with the peak of `plain_step`, run with every region plain:
+    for regions of torch.utils.checkpoint, whose saves sac does not hear."""
+    if phases.left != 0:
+        return phases.with_plain_peak(
+            None, f"the recorded step left {phases.left} bytes more live than it found "
+                  "(gradients it made, an optimizer's state), so a second run would start "
+                  "elsewhere. Set the gradients to none at the step's end, and make the "
+                  "optimizer's state before measuring")
+    with _C._PlainRegions() as plain:
+        if live is None or peak is None or reset_peak is None:
+            measured = _C.measure_peak(plain_step)
+        else:
+            base = live()
+            reset_peak()
+            plain_step()
+            measured = peak() - base
+    if plain.checkpointed > 0:
+        return phases.with_plain_peak(
+            None, f"{plain.checkpointed} region(s) checkpointed in the plain run all the same "
+                  "(a checkpoint of one's own under create_selective_checkpoint_contexts, which "
+                  "cannot run plainly). Give measure_step_phases a plain_step: the step with "
+                  "checkpointing off")
+    if measured <= 0:
+        raise RuntimeError(
+            f"torch_sac.measure_step_phases: the plain step allocated nothing (its peak is "
+            f"{measured} bytes over its start), so it is not the step without checkpointing. "
+            "Give plain_step the same training step with checkpointing off (Hugging Face: "
+            "gradient_checkpointing_disable() around it), or leave it out.")
+    return phases.with_plain_peak(measured)
 
 
 def in_order(policies: Sequence[PolicyLike], allow_cache_entry_mutation: bool = False

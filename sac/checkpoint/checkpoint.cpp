@@ -6,6 +6,10 @@
 
 #include <c10/core/GradMode.h>
 
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
 namespace sac::detail {
 
 bool runs_plainly(const CheckpointOptions& options) {
@@ -25,12 +29,34 @@ RegionForward::RegionForward(const CheckpointOptions& options,
   const FrameConfig config = frame_config(options);
   auto rerun =
       std::make_shared<FunctionRerun>(std::move(recompute), options.outside_tensor_check());
+  // A listener hears which inputs the frame holds, and how many handles on
+  // each are the frame's: those that saving them added.
+  RegionEvents* events = region_events();
+  std::vector<std::pair<const at::Tensor*, int64_t>> held;
+  if (events != nullptr) {
+    std::unordered_set<const c10::TensorImpl*> seen;
+    for (const at::Tensor& input : inputs) {
+      if (input.defined() && seen.insert(input.unsafeGetTensorImpl()).second) {
+        held.emplace_back(&input, static_cast<int64_t>(input.use_count()));
+      }
+    }
+  }
   rerun->save_inputs(inputs);
+  for (auto& [input, handles] : held) {
+    handles = static_cast<int64_t>(input->use_count()) - handles;
+  }
   auto frame = std::make_shared<CheckpointFrame>(
       config, rerun, contexts_for(options),
       ForwardState::capture(inputs, options.preserve_rng_state()));
+  const CheckpointFrame* region = frame.get();
   active_->forward.emplace("sac::checkpoint", std::move(frame), config,
                            [&rerun] { return rerun->forward_observer(); });
+  if (events != nullptr) {
+    for (const auto& [input, handles] : held) {
+      events->input_held(region, *input, handles);
+    }
+    events->heard_whole(region);
+  }
 }
 
 RegionForward::~RegionForward() = default;

@@ -148,6 +148,9 @@ std::shared_ptr<Holder> CheckpointFrame::add_holder(const at::Tensor& packed) {
   recomputation_->saved(packed);
   auto holder = std::make_shared<Holder>(packed);
   holders_.push_back(holder);
+  if (RegionEvents* events = region_events()) {
+    events->saved(this, packed, std::shared_ptr<const void>(holder));
+  }
   if (config_.determinism_check) {
     metadata_.push_back({packed.sizes().vec(), packed.scalar_type(), packed.device()});
   }

@@ -253,6 +253,20 @@ BudgetedPlan budgeted_plan(const std::vector<RegionProfile>& profiles, Budget bu
 
 namespace detail {
 
+BudgetedPlan plan_keeping_nothing(const std::vector<RegionProfile>& profiles) {
+  BudgetedPlan plan;
+  plan.checkpointed.assign(profiles.size(), true);
+  plan.saved_calls.resize(profiles.size());
+  for (const RegionProfile& profile : profiles) {
+    plan.policies.emplace_back(std::make_shared<ChosenCallsRule>(
+        std::vector<ChosenCallsRule::Chosen>{}, "budgeted(nothing)"));
+    for (const OpCallProfile& call : profile.calls()) {
+      plan.recompute_seconds += call.recompute_seconds();
+    }
+  }
+  return plan;
+}
+
 BudgetedPlan plan_unchecked(const std::vector<RegionProfile>& profiles) {
   BudgetedPlan plan;
   plan.checkpointed.assign(profiles.size(), false);

@@ -74,7 +74,24 @@ void check_one_policy_per_region(const StepTrace& trace, size_t policies) {
               " policies; plan one policy per region, in the order their forwards begin.");
 }
 
-Changes changes_of(const StepTrace& trace, const std::vector<std::vector<SavedCall>>& kept) {
+// Note [A region left unchecked]
+// A region the plan leaves unchecked runs plainly: autograd holds what it
+// saves until the node that saved it has run, and the region has no frame
+// and no recomputation. The measured step, every region recomputing
+// everything, heard all of that (sac/lab/internal/step_trace.h): each
+// tensor the region's forward saved, packed by the frame, and when autograd
+// let go of it (its holder died: the node ran, or the graph died); the
+// region's inputs, which its frame held, and when the rest of the program
+// let go of them. So against the measured trace:
+//  1. a storage the forward saved lives on until autograd let go of it;
+//  2. an input lives on until the rest of the program let go of it, or until
+//     autograd let go of what the forward saved of it, whichever is later,
+//     not until the frame let go of it;
+//  3. nothing of its recomputation happens: every allocation made there is
+//     gone, with its free (the served calls' rule, for all of them).
+
+Changes changes_of(const StepTrace& trace, const std::vector<std::vector<SavedCall>>& kept,
+                   const std::vector<bool>& checkpointed = {}) {
   check_one_policy_per_region(trace, kept.size());
   const auto& allocations = trace.allocations;
   std::unordered_map<size_t, size_t> held;  // allocation: freed no earlier than
@@ -85,7 +102,10 @@ Changes changes_of(const StepTrace& trace, const std::vector<std::vector<SavedCa
     }
   };
   std::unordered_set<size_t> served;  // allocations of served calls
-  struct Standing {                   // a kept output on a storage made before its call
+  // Inputs of regions left unchecked: freed where the program and autograd
+  // let go of them, not the frame (then no earlier than held).
+  std::unordered_map<size_t, size_t> dropped;
+  struct Standing {  // a kept output on a storage made before its call
     size_t kept;
     size_t recomputed;
     const SavedCall* call;
@@ -94,6 +114,39 @@ Changes changes_of(const StepTrace& trace, const std::vector<std::vector<SavedCa
   Changes changes;
   for (size_t r = 0; r < kept.size(); ++r) {
     const TracedRegion& region = trace.regions[r];
+    if (!checkpointed.empty() && !checkpointed[r]) {  // Note [A region left unchecked]
+      TORCH_CHECK(region.heard_whole, "sac::StepPhases::predict_peak: the plan leaves region ", r,
+                  " unchecked, but its frame did not tell the measured step what it saves and "
+                  "holds (a region of PyTorch's checkpoint, or a sac::CheckpointRegion), so how "
+                  "it runs plainly is not known. Checkpoint it with sac::checkpoint, or plan "
+                  "with unchecked_regions off.");
+      for (const detail::TracedSave& save : region.saves) {
+        hold(save.allocation, save.released);
+      }
+      if (region.recompute_begin != kNever) {
+        for (size_t e = region.recompute_begin; e < region.recompute_end; ++e) {
+          if (trace.events[e].delta > 0) {
+            served.insert(trace.events[e].allocation);
+          }
+        }
+      }
+      for (const detail::HeldInput& input : region.inputs) {
+        const size_t plain_free =
+            input.saved ? std::max(input.dropped, input.saves_released) : input.dropped;
+        if (input.freed == kNever || plain_free >= input.freed) {
+          continue;
+        }
+        const size_t allocation = trace.events[input.freed].allocation;
+        if (allocation != kNever) {
+          auto [it, added] = dropped.emplace(allocation, plain_free);
+          it->second = std::min(it->second, plain_free);
+        } else {  // made before the step
+          changes.removed.push_back(input.freed);
+          changes.frees.emplace_back(plain_free, -trace.events[input.freed].delta);
+        }
+      }
+      continue;
+    }
     for (const SavedCall& k : kept[r]) {
       const TracedCall* forward = find_call(region.forward, k.op, k.call);
       TORCH_CHECK(forward != nullptr, "sac::StepPhases: region ", r, " of the plan keeps call ",
@@ -160,15 +213,28 @@ Changes changes_of(const StepTrace& trace, const std::vector<std::vector<SavedCa
       changes.removed.push_back(allocations[allocation].freed);
     }
   }
-  for (const auto& [allocation, until] : held) {
+  // Each moved free: no earlier than held, from where it was freed (or,
+  // for an unchecked region's input, where nothing but its frame held it).
+  auto move_free = [&](size_t allocation, size_t from, std::optional<size_t> held_until) {
     const size_t freed = allocations[allocation].freed;
-    if (until == kNever || (freed != kNever && until > freed)) {
+    const size_t until = held_until.has_value() ? std::max(from, *held_until) : from;
+    if (until != freed) {
       if (freed != kNever) {
         changes.removed.push_back(freed);
       }
       if (until != kNever) {
         changes.frees.emplace_back(until, allocations[allocation].bytes);
       }
+    }
+  };
+  for (const auto& [allocation, until] : held) {
+    const auto early = dropped.find(allocation);
+    move_free(allocation, early != dropped.end() ? early->second : allocations[allocation].freed,
+              until);
+  }
+  for (const auto& [allocation, at] : dropped) {
+    if (held.count(allocation) == 0) {
+      move_free(allocation, at, std::nullopt);
     }
   }
   return changes;
@@ -289,7 +355,7 @@ PeakPlan cheapest_plan_that_fits(const StepPhases& step, const std::vector<Regio
     if (predicted > peak_bytes) {
       return false;
     }
-    if (tried == 1 || plan_cost(plan) < plan_cost(best.plan)) {
+    if (plan_cost(plan) < plan_cost(best.plan)) {
       best.plan = std::move(plan);
       best.predicted_peak = predicted;
     }
@@ -299,7 +365,10 @@ PeakPlan cheapest_plan_that_fits(const StepPhases& step, const std::vector<Regio
     return static_cast<int64_t>(static_cast<double>(everything) * static_cast<double>(i) /
                                 static_cast<double>(grid - 1));
   };
-  fits(0);  // full recomputation fits (the caller checked)
+  // Full recomputation fits (the caller checked).
+  best.plan = detail::plan_keeping_nothing(profiles);
+  best.predicted_peak = step.peak();
+  ++tried;
   size_t greatest = 0;
   for (size_t i = 1; i < grid; ++i) {
     if (fits(grid_bytes(i))) {
@@ -384,67 +453,6 @@ double least_cost_that_fits(const StepTrace& trace, const std::vector<int64_t>& 
   return least;
 }
 
-// Note [The plain step]
-// Leaving every region unchecked is the step without checkpointing, whose
-// saved tensors the trace (every region keeping nothing) does not hold. So
-// that plan's peak is measured, not predicted: the step runs once more with
-// each sac region plain (RegionEvents::regions_run_plainly, which
-// sac::checkpoint, sac::CheckpointRegion and Python's sac.context_fn under
-// PyTorch's checkpoint ask), and the probe's peak is
-// read. The two runs are alike only if the second starts from what the first
-// did, so the plain one is measured only where the first left the live bytes
-// as it found them (by its own trace: on ranks, Gloo's threads allocate
-// beside it); and only if no region began as a checkpoint all the same
-// (a checkpoint of one's own under create_selective_checkpoint_contexts,
-// which cannot leave it).
-// Mixing plain and checkpointed regions is not predicted.
-
-// Hears the plain step's regions: it asks them to run plainly, and counts
-// those that began as checkpoints all the same.
-class PlainRegions final : public detail::RegionEvents {
- public:
-  void forward_began(const void*) override { ++checkpointed; }
-  void forward_ended(const void*) override {}
-  void recomputation_began(const void*) override {}
-  void recomputation_ended(const void*) override {}
-  void released(const void*) override {}
-  void outputs_kept(size_t) override {}
-  bool regions_run_plainly() const override { return true; }
-
-  size_t checkpointed = 0;
-};
-
-// The plain step's peak over its start, or none and why not. `left`: the
-// bytes the recorded step left live, by its own trace (other threads, Gloo's
-// on ranks, allocate and free beside it, which the probe counts too).
-std::pair<std::optional<int64_t>, std::string> measure_plain_step(const MemoryProbe& probe,
-                                                                  const std::function<void()>& step,
-                                                                  int64_t left) {
-  if (left != 0) {
-    return {std::nullopt,
-            "the recorded step left " + std::to_string(left) +
-                " bytes more live than it found (gradients it made, an optimizer's state), "
-                "so a second run would start elsewhere. Set the gradients to none at the "
-                "step's end, and make the optimizer's state before measuring"};
-  }
-  PlainRegions plain;
-  const int64_t base = probe.live();
-  probe.reset_peak();
-  {
-    detail::RegionEventsGuard listening(&plain);
-    step();
-  }
-  if (plain.checkpointed > 0) {
-    return {std::nullopt,
-            std::to_string(plain.checkpointed) +
-                " region(s) checkpointed in the plain run all the same (a checkpoint of "
-                "one's own under create_selective_checkpoint_contexts, which cannot run "
-                "plainly). Give measure_step_phases a plain_step: the step with "
-                "checkpointing off"};
-  }
-  return {probe.peak() - base, ""};
-}
-
 }  // namespace
 
 StepPhases::StepPhases(std::shared_ptr<const detail::StepTrace> trace)
@@ -468,9 +476,36 @@ int64_t StepPhases::peak() const {
   return peak;
 }
 
-std::optional<int64_t> StepPhases::plain_peak() const { return plain_peak_; }
+std::optional<int64_t> StepPhases::plain_peak() const {
+  if (plain_peak_given_) {
+    return plain_peak_;
+  }
+  const auto& regions = trace_->regions;
+  for (size_t r = 0; r < regions.size(); ++r) {
+    if (!regions[r].heard_whole) {
+      return std::nullopt;
+    }
+  }
+  return simulate(*trace_, changes_of(*trace_, std::vector<std::vector<SavedCall>>(regions.size()),
+                                      std::vector<bool>(regions.size(), false)))
+      .peak;
+}
 
-const std::string& StepPhases::why_no_plain_peak() const { return why_no_plain_peak_; }
+std::string StepPhases::why_no_plain_peak() const {
+  if (plain_peak_given_) {
+    return why_no_plain_peak_;
+  }
+  const auto& regions = trace_->regions;
+  for (size_t r = 0; r < regions.size(); ++r) {
+    if (!regions[r].heard_whole) {
+      return "region " + std::to_string(r) +
+             "'s frame did not tell the measured step what it saves and holds (a region of "
+             "PyTorch's checkpoint, or a sac::CheckpointRegion), so how it runs plainly is not "
+             "predicted; give the plain step's peak (with_plain_peak)";
+    }
+  }
+  return "";
+}
 
 StepPhases StepPhases::with_plain_peak(std::optional<int64_t> plain_peak,
                                        std::string why_not) const {
@@ -480,28 +515,26 @@ StepPhases StepPhases::with_plain_peak(std::optional<int64_t> plain_peak,
   TORCH_CHECK(plain_peak.has_value() || !why_not.empty(),
               "sac::StepPhases::with_plain_peak: say why there is no plain peak.");
   StepPhases out = *this;
+  out.plain_peak_given_ = true;
   out.plain_peak_ = plain_peak;
   out.why_no_plain_peak_ = plain_peak.has_value() ? "" : std::move(why_not);
   return out;
 }
 
+int64_t StepPhases::left() const { return live_.empty() ? 0 : live_.back(); }
+
 int64_t StepPhases::predict_peak(const BudgetedPlan& plan) const {
-  const auto unchecked = std::count(plan.checkpointed.begin(), plan.checkpointed.end(), false);
-  if (unchecked == 0) {
-    return predict_peak(plan.saved_calls);
+  if (!plan.checkpointed.empty() &&
+      std::none_of(plan.checkpointed.begin(), plan.checkpointed.end(), [](bool c) { return c; })) {
+    check_one_policy_per_region(*trace_, plan.checkpointed.size());
+    const std::optional<int64_t> plain = plain_peak();
+    TORCH_CHECK(plain.has_value(),
+                "sac::StepPhases::predict_peak: the plan checkpoints no "
+                "region, and the plain step's peak is not known: ",
+                why_no_plain_peak(), ".");
+    return *plain;
   }
-  TORCH_CHECK(static_cast<size_t>(unchecked) == plan.checkpointed.size(),
-              "sac::StepPhases::predict_peak: the plan leaves ", unchecked, " of its ",
-              plan.checkpointed.size(),
-              " regions unchecked and checkpoints the others; a mix is not predicted yet (Note "
-              "[The plain step], sac/lab/peak.cpp). Plan with unchecked_regions off to predict "
-              "its peak, or use plan_for_peak.");
-  TORCH_CHECK(plain_peak_.has_value(),
-              "sac::StepPhases::predict_peak: the plan checkpoints no region, and the plain "
-              "step's peak was not measured: ",
-              why_no_plain_peak_, ".");
-  check_one_policy_per_region(*trace_, plan.checkpointed.size());
-  return *plain_peak_;
+  return simulate(*trace_, changes_of(*trace_, plan.saved_calls, plan.checkpointed)).peak;
 }
 
 int64_t StepPhases::predict_peak(const std::vector<std::vector<SavedCall>>& saved_calls) const {
@@ -514,13 +547,15 @@ PeakPlan StepPhases::plan_for_peak(const std::vector<RegionProfile>& profiles, i
               "sac::StepPhases::plan_for_peak: the step ran ", regions(), " regions, but ",
               profiles.size(), " profiles were given; give one per region, in order.");
   TORCH_CHECK(grid >= 2, "sac::StepPhases::plan_for_peak: grid must be at least 2.");
-  if (plain_peak_.has_value() && *plain_peak_ <= peak_bytes) {
-    PeakPlan plain;
-    plain.plan = detail::plan_unchecked(profiles);
-    plain.peak_budget = peak_bytes;
-    plain.predicted_peak = *plain_peak_;
-    plain.exact = true;  // it recomputes nothing
-    return plain;
+  // Not checkpointing is a plan where its peak is known.
+  const std::optional<int64_t> plain = plain_peak();
+  if (plain.has_value() && *plain <= peak_bytes) {
+    PeakPlan plain_plan;
+    plain_plan.plan = detail::plan_unchecked(profiles);
+    plain_plan.peak_budget = peak_bytes;
+    plain_plan.predicted_peak = *plain;
+    plain_plan.exact = true;  // it recomputes nothing
+    return plain_plan;
   }
   TORCH_CHECK(peak() <= peak_bytes,
               "sac::StepPhases::plan_for_peak: the step's peak under "
@@ -542,7 +577,8 @@ PeakPlan StepPhases::plan_for_peak(const std::vector<RegionProfile>& profiles, i
 void StepPhases::print(std::ostream& out, const BudgetedPlan* plan) const {
   std::vector<int64_t> predicted;
   if (plan != nullptr) {
-    predicted = simulate(*trace_, changes_of(*trace_, plan->saved_calls)).peak_at;
+    predicted =
+        simulate(*trace_, changes_of(*trace_, plan->saved_calls, plan->checkpointed)).peak_at;
   }
   out << std::left << std::setw(10) << "phase" << std::right << std::setw(8) << "region"
       << std::setw(10) << "events" << std::setw(16) << "measured"
@@ -587,13 +623,17 @@ MemoryProbe device_memory_probe(c10::Device device) {
       }};
 }
 
-StepPhases measure_step_phases(const MemoryProbe& probe, const std::function<void()>& step,
-                               const std::function<void()>& plain_step) {
-  StepPhases phases(std::make_shared<const detail::StepTrace>(detail::trace_step(probe, step)));
-  const int64_t left = phases.live_.empty() ? 0 : phases.live_.back();
-  std::tie(phases.plain_peak_, phases.why_no_plain_peak_) =
-      measure_plain_step(probe, plain_step ? plain_step : step, left);
-  return phases;
+StepPhases measure_step_phases(const std::function<void()>& step) {
+  return measure_step_phases(MemoryProbe{}, step);
+}
+
+StepPhases measure_step_phases(const MemoryProbe& probe, const std::function<void()>& step) {
+  auto trace = std::make_shared<const detail::StepTrace>(detail::trace_step(probe, step));
+  TORCH_CHECK(!trace->regions.empty(),
+              "sac::measure_step_phases: the step ran no sac region, so there is nothing to "
+              "plan. Checkpoint its layers with sac::checkpoint (or sac's contexts under "
+              "PyTorch's checkpoint) keeping nothing, and measure the step that runs them.");
+  return StepPhases(std::move(trace));
 }
 
 }  // namespace sac

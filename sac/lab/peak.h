@@ -1,16 +1,17 @@
 // sac::measure_step_phases: a training step's memory, allocation by
 // allocation, and the peak it would reach under any plan, predicted.
 //
-//   sac::MemoryProbe probe{live, peak, reset_peak};  // the caller's allocator
-//   // One step with every region recomputing everything (nothing kept):
-//   sac::StepPhases phases = sac::measure_step_phases(probe, [&] { step(); });
+//   // One step with every region recomputing everything (nothing kept),
+//   // on the CPU (elsewhere, give sac::device_memory_probe(device) first):
+//   sac::StepPhases phases = sac::measure_step_phases([&] { step(); });
 //   auto plan = sac::budgeted_plan(profiles, sac::Budget::fraction(0.3));
 //   int64_t predicted = phases.predict_peak(plan);   // the step's peak under it
 //   sac::PeakPlan fits = phases.plan_for_peak(profiles, limit);
 //
 // The step is traced: the list of its allocations and frees, in order,
 // from c10's memory reporting (what PyTorch's memory profiler hears; the
-// counting allocator of the tests and CUDA's caching allocator report), with
+// CPU's default allocator, the counting allocator of the tests and CUDA's
+// caching allocator report), with
 // each region's forward and recomputation and their op calls placed in it.
 // A plan changes that list in three ways only (Note [A plan's trace] in
 // peak.cpp): a kept output's storage lives on until the recomputation takes
@@ -21,11 +22,13 @@
 // checks it on generated models, tests/lab_peak_model_test.cpp on the shapes
 // that broke the first model).
 //
-// Not checkpointing at all is a plan too: the step is run a second time
-// with every region plain, and that peak is the plain step's (Note [The plain
-// step] in peak.cpp). A peak budget it fits is met by that plan, which
-// recomputes nothing, so no peak plan that recomputes peaks as high as not
-// checkpointing.
+// Leaving a region unchecked is a plan too, predicted from the same trace
+// (Note [A region left unchecked] in peak.cpp): the step heard what each
+// region's forward saved and when autograd let go of it, and when the rest
+// of the program let go of each region's inputs. So not checkpointing at
+// all is predicted (plain_peak()), the step is never run without
+// checkpointing, and a peak budget the plain step fits is met by the plan
+// that recomputes nothing.
 //
 // What the model does not cover is refused, not guessed: a measured step
 // that keeps outputs, nested regions, a recomputation inside a forward, a
@@ -55,10 +58,10 @@
 namespace sac {
 
 // Live bytes and the peak since the last reset, of the allocator the step
-// uses: the counting allocator on CPU (examples/memory_meter.h), the caching
-// allocator's statistics on an accelerator (device_memory_probe). The step
-// is traced from the reports of `device`'s allocator; the probe's peak
-// checks that they missed nothing.
+// uses: a counting allocator on CPU (examples/memory_meter.h; optional
+// there), the caching allocator's statistics on an accelerator
+// (device_memory_probe). The step is traced from the reports of `device`'s
+// allocator; the probe's peak checks that they missed nothing.
 struct MemoryProbe {
   std::function<int64_t()> live;
   std::function<int64_t()> peak;
@@ -120,17 +123,22 @@ class StepPhases {
   // The measured step's peak, over what was live when it began.
   int64_t peak() const;
   // The peak of the step with every region plain (not checkpointed), over
-  // what was live when it began; std::nullopt where it was not measured
-  // (why_no_plain_peak says why).
+  // what was live when it began: predicted (Note [A region left unchecked]
+  // in peak.cpp), or the one with_plain_peak gave. std::nullopt where a
+  // region's frame did not tell the step what it saves and holds (PyTorch's
+  // checkpoint, sac::CheckpointRegion) and none was given; why_no_plain_peak
+  // says why.
   std::optional<int64_t> plain_peak() const;
-  const std::string& why_no_plain_peak() const;
+  std::string why_no_plain_peak() const;
   // The same step with another plain peak (or none, and why): on ranks, the
-  // most any rank measured, so that every rank plans alike.
-  StepPhases with_plain_peak(std::optional<int64_t> plain_peak, std::string why_not) const;
+  // most any rank has, so that every rank plans alike; for regions of
+  // PyTorch's checkpoint, the plain step's measured peak.
+  StepPhases with_plain_peak(std::optional<int64_t> plain_peak, std::string why_not = "") const;
+  // Bytes the step left live over what was live when it began (gradients it
+  // made, an optimizer's state).
+  int64_t left() const;
   // The step's peak under `plan`, whose policies are the regions', in the
-  // order their forwards began. A plan that leaves every region unchecked
-  // peaks at plain_peak(); one that leaves some unchecked and checkpoints
-  // others is not predicted yet (an error).
+  // order their forwards began; regions it leaves unchecked included.
   int64_t predict_peak(const BudgetedPlan& plan) const;
   // The same from the calls each region keeps, in order: a budgeted plan's
   // or any policy's (Explanation::saved_calls, sac/lab/explain.h, which
@@ -162,27 +170,23 @@ class StepPhases {
   std::shared_ptr<const detail::StepTrace> trace_;
   std::vector<int64_t> live_;  // after each event
   std::vector<StepPhase> phases_;
+  bool plain_peak_given_ = false;  // by with_plain_peak
   std::optional<int64_t> plain_peak_;
-  std::string why_no_plain_peak_ = "not measured";
-
-  friend StepPhases measure_step_phases(const MemoryProbe& probe, const std::function<void()>& step,
-                                        const std::function<void()>& plain_step);
+  std::string why_no_plain_peak_;
 };
 
 // Runs `step` once and traces it. Every region in it must keep nothing (no
 // policy, or nothing_saveable()): the prediction changes this step's trace by what a
-// plan keeps. An error otherwise, and for what the model does not cover
-// (see above).
-//
-// Then runs `plain_step` (default: `step` again) with every sac region
-// plain, for plain_peak(). It is measured only if the traced step left
-// the allocator's live bytes as it found them (a step that leaves its
-// gradients, or makes an optimizer's state, does not: set the gradients to
-// none at the step's end), and if no region checkpointed all the same
-// (a checkpoint of one's own under create_selective_checkpoint_contexts;
-// Python's sac.context_fn runs PyTorch's plainly: give `plain_step`, the
-// step with checkpointing off).
-StepPhases measure_step_phases(const MemoryProbe& probe, const std::function<void()>& step,
-                               const std::function<void()>& plain_step = nullptr);
+// plan keeps. An error otherwise, for a step that ran no region, and for
+// what the model does not cover (see above). The step may do anything a
+// training step does around its regions: zero or keep the gradients, make
+// or update an optimizer's state. The probe's peak checks that the
+// allocator reported every byte.
+StepPhases measure_step_phases(const MemoryProbe& probe, const std::function<void()>& step);
+
+// The same on the CPU with no probe: the reports are the measurement
+// (sac/lab/memory.h), so the CPU's default allocator needs nothing
+// installed.
+StepPhases measure_step_phases(const std::function<void()>& step);
 
 }  // namespace sac

@@ -257,6 +257,7 @@ ProfiledRun profile_once(const detail::ProfiledRegion& region) {
   // before its kernel runs, a save of its outputs after: the hooks hear
   // them, saving nothing themselves.
   size_t calls_at_last_save = 0;
+  bool returns = false;
   detail::install_hooking_engine();
   {
     detail::ObserverGuard observing(&profiler);
@@ -265,7 +266,7 @@ ProfiledRun profile_once(const detail::ProfiledRegion& region) {
           calls_at_last_save = profiler.entries.size();
           return nullptr;
         });
-    region(returned);
+    returns = region(returned);
   }
   for (size_t i = calls_at_last_save; i < profiler.entries.size(); ++i) {
     profiler.entries[i].past_stop = true;
@@ -273,7 +274,8 @@ ProfiledRun profile_once(const detail::ProfiledRegion& region) {
   for (const at::Tensor& t : returned) {
     profiler.returned(t);
   }
-  const int64_t plain_bytes = profiler.alive_bytes(returned);
+  // A region that returns nothing let its graph go: nothing of it is alive.
+  const int64_t plain_bytes = returns ? profiler.alive_bytes(returned) : -1;
   profiler.finish();
   return {std::move(profiler.entries), plain_bytes};
 }

@@ -86,7 +86,8 @@ struct OpCallProfile {
 
 class RegionProfile {
  public:
-  // `plain_bytes` < 0: not measured (a profile made by hand).
+  // `plain_bytes` < 0: not measured (a profile made by hand, or of a region
+  // that returns nothing).
   explicit RegionProfile(std::vector<OpCallProfile> calls, int64_t plain_bytes = -1)
       : calls_(std::move(calls)), plain_bytes_(plain_bytes) {}
 
@@ -117,8 +118,9 @@ class RegionProfile {
 };
 
 namespace detail {
-// The region, handing what it returns to its argument.
-using ProfiledRegion = std::function<void(std::vector<at::Tensor>& returned)>;
+// The region, handing what it returns to its argument; false if it
+// returns nothing at all (void, or None from Python).
+using ProfiledRegion = std::function<bool(std::vector<at::Tensor>& returned)>;
 RegionProfile profile_region(const ProfiledRegion& region, int runs, int warmup);
 
 inline void collect_returned(const at::Tensor& t, std::vector<at::Tensor>& out) {
@@ -146,18 +148,23 @@ void collect_returned(const T&, std::vector<at::Tensor>&) {
 // A region whose first run does more (lazy initialisation: FSDP's, a cache
 // filled once) needs warmup = 1.
 //
-// `region` returns nothing, or what it makes (a tensor, a std::vector or
-// std::tuple of them: a block's output, a loss): the calls that made those
-// are `returned`, and keeping them costs nothing (a plan's saved bytes are
-// then what checkpointing the region keeps beyond its outputs).
+// `region` returns what it makes (a tensor, a std::vector or std::tuple of
+// them: a block's output, a loss): the calls that made those are
+// `returned`, and keeping them costs nothing (a plan's saved bytes are then
+// what checkpointing the region keeps beyond its outputs). A region that
+// returns nothing (void) drops its graph as it returns, so what it keeps
+// unchecked is not measured: plain_bytes() is -1, and a budgeted plan
+// never leaves it unchecked.
 template <class Region>
 RegionProfile profile(Region&& region, int runs = 3, int warmup = 0) {
   return detail::profile_region(
       [&](std::vector<at::Tensor>& returned) {
         if constexpr (std::is_void_v<std::invoke_result_t<Region&>>) {
           region();
+          return false;
         } else {
           detail::collect_returned(region(), returned);
+          return true;
         }
       },
       runs, warmup);

@@ -64,6 +64,7 @@ class Tracer final : public torch::profiler::impl::ProfilerStateBase,
       return;
     }
     std::lock_guard<std::mutex> lock(mutex_);
+    watch_held(ptr, bytes);
     if (bytes > 0) {
       live_[ptr] = trace_.allocations.size();
       trace_.allocations.push_back({bytes, trace_.events.size()});
@@ -151,6 +152,52 @@ class Tracer final : public torch::profiler::impl::ProfilerStateBase,
       trace_.regions[index].released = position();
       index_.erase(region);  // a new frame may take its address
     }
+  }
+
+  void input_held(const void* region, const at::Tensor& input, int64_t frame_handles) override {
+    const int index = index_of(region);
+    if (index < 0 || !input.has_storage() || input.storage().data() == nullptr) {
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    trace_.regions[index].inputs.emplace_back();
+    held_.push_back(
+        {static_cast<size_t>(index),
+         trace_.regions[index].inputs.size() - 1,
+         c10::weak_intrusive_ptr<c10::TensorImpl>(input.getIntrusivePtr()),
+         input.is_view()
+             ? c10::weak_intrusive_ptr<c10::TensorImpl>(input._base().getIntrusivePtr())
+             : c10::weak_intrusive_ptr<c10::TensorImpl>(c10::intrusive_ptr<c10::TensorImpl>()),
+         input.storage().getWeakStorageImpl(),
+         input.storage().data(),
+         frame_handles,
+         {}});
+  }
+
+  void heard_whole(const void* region) override {
+    const int index = index_of(region);
+    if (index >= 0) {
+      trace_.regions[index].heard_whole = true;
+    }
+  }
+
+  void saved(const void* region, const at::Tensor& saved,
+             std::weak_ptr<const void> holder) override {
+    const int index = index_of(region);
+    if (index < 0 || !saved.has_storage()) {
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    const void* data = saved.storage().data();
+    for (Held& held : held_) {
+      if (held.region == static_cast<size_t>(index) && held.data == data) {
+        held.holders.push_back(holder);
+      }
+    }
+    const auto found = data != nullptr ? live_.find(const_cast<void*>(data)) : live_.end();
+    std::vector<TracedSave>& saves = trace_.regions[index].saves;
+    saves.push_back({found != live_.end() ? found->second : kNever});
+    saves_.push_back({static_cast<size_t>(index), saves.size() - 1, std::move(holder)});
   }
 
   void outputs_kept(size_t calls) override {
@@ -246,8 +293,67 @@ class Tracer final : public torch::profiler::impl::ProfilerStateBase,
     trace_.phases.push_back(phase_);
   }
 
+  // Before each event (a free of `ptr` if `bytes` < 0): which saves
+  // autograd let go of, and which held inputs the rest of the program let go
+  // of (Note [A region left unchecked], peak.cpp).
+  void watch_held(void* ptr, int64_t bytes) {
+    for (size_t i = 0; i < saves_.size();) {
+      if (saves_[i].holder.expired()) {
+        trace_.regions[saves_[i].region].saves[saves_[i].save].released = trace_.events.size();
+        saves_[i] = std::move(saves_.back());
+        saves_.pop_back();
+      } else {
+        ++i;
+      }
+    }
+    for (auto it = held_.begin(); it != held_.end();) {
+      HeldInput& input = trace_.regions[it->region].inputs[it->input];
+      if (bytes < 0 && ptr == it->data) {
+        input.freed = trace_.events.size();
+        input.saved = !it->holders.empty();
+        it = held_.erase(it);
+        continue;
+      }
+      const size_t here = trace_.events.size();
+      const TracedRegion& region = trace_.regions[it->region];
+      // The rest of the program let go of it: first seen after the forward.
+      if (input.dropped == kNever && region.forward_end != kNever && here >= region.forward_end &&
+          it->impl.use_count() == static_cast<uint32_t>(it->frame_handles) &&
+          (it->base.expired() || it->base.use_count() == 1) &&
+          it->storage.use_count() == (it->base.expired() ? 1U : 2U)) {
+        input.dropped = here;
+      }
+      // Autograd let go of what the region's forward saved of it.
+      if (input.saves_released == kNever && !it->holders.empty() &&
+          std::all_of(it->holders.begin(), it->holders.end(),
+                      [](const auto& holder) { return holder.expired(); })) {
+        input.saves_released = here;
+      }
+      ++it;
+    }
+  }
+
+  struct Held {
+    size_t region, input;
+    c10::weak_intrusive_ptr<c10::TensorImpl> impl;
+    // A view's base, which the view holds (its one handle then), and which
+    // holds the storage too.
+    c10::weak_intrusive_ptr<c10::TensorImpl> base;
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+    const void* data;
+    int64_t frame_handles;
+    std::vector<std::weak_ptr<const void>> holders;  // of the forward's saves of it
+  };
+
+  struct Save {
+    size_t region, save;
+    std::weak_ptr<const void> holder;
+  };
+
   const c10::Device device_;
-  std::mutex mutex_;  // the trace's events, allocations and live_
+  std::vector<Held> held_;   // inputs held by frames, not yet freed
+  std::vector<Save> saves_;  // forwards' saves autograd still holds
+  std::mutex mutex_;         // the trace's events, allocations, live_, held_ and saves_
   StepTrace trace_;
   std::unordered_map<void*, size_t> live_;      // data pointer: its allocation
   std::unordered_map<const void*, int> index_;  // a region's frame: its index
@@ -271,53 +377,72 @@ std::vector<int64_t> StepTrace::live() const {
   return live;
 }
 
-StepTrace trace_step(const MemoryProbe& probe, const std::function<void()>& step) {
-  TORCH_CHECK(probe.live && probe.peak && probe.reset_peak,
-              "sac::measure_step_phases: the probe needs live, peak and reset_peak.");
+void hear_memory(const std::shared_ptr<c10::DebugInfoBase>& listener, const char* api,
+                 const std::function<void()>& step) {
+  TORCH_CHECK(c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) == nullptr, api,
+              ": a profiler is active on this thread (torch.profiler.profile, "
+              "torch.autograd.profiler, or a RECORD_FUNCTION profiler). c10 reports "
+              "allocations to the profiler's thread-local state alone, and sac needs that slot "
+              "for the step (Note [The step's memory shares the profiler's slot], "
+              "sac/lab/step_trace.cpp). Stop the profiler while measuring, and profile another "
+              "step.");
+  c10::DebugInfoGuard reporting(c10::DebugInfoKind::PROFILER_STATE, listener);
+  try {
+    step();
+  } catch (c10::Error& e) {
+    if (std::string(e.what_without_backtrace()).find("Profiler is already enabled") !=
+        std::string::npos) {
+      TORCH_RETHROW(e, api,
+                    ": the step started a profiler, which cannot run while sac hears the "
+                    "step's memory (Note [The step's memory shares the profiler's slot], "
+                    "sac/lab/step_trace.cpp). Measure the step with no profiler, and profile "
+                    "another step.");
+    }
+    throw;
+  }
+  TORCH_CHECK(c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) == listener.get(),
+              api,
+              ": a profiler was started inside the step, and c10 reports the step's "
+              "allocations to the profiler on this thread, not to sac, while it runs. Measure "
+              "the step with no profiler, and profile another step.");
+}
+
+void check_one_thread(const c10::Device& device, const char* api) {
   // c10's memory reporting is thread-local: the scratch buffers that CPU
   // kernels allocate on their intra-op worker threads are not reported, and
   // a plan's step can peak on one of them (a 40-byte buffer of a reduction
   // did, on Hugging Face's BART with two threads).
-  TORCH_CHECK(probe.device.type() != c10::kCPU || at::get_num_threads() == 1,
-              "sac::measure_step_phases: the CPU runs ops on ", at::get_num_threads(),
+  TORCH_CHECK(device.type() != c10::kCPU || at::get_num_threads() == 1, api,
+              ": the CPU runs ops on ", at::get_num_threads(),
               " intra-op threads, whose scratch allocations c10's memory reporting does not "
-              "see from the step's thread, so the prediction would guess. Measure, and run the "
+              "see from the step's thread, so the count would guess. Measure, and run the "
               "steps whose peak must hold, with one thread: at::set_num_threads(1) "
               "(torch.set_num_threads(1)).");
+}
+
+StepTrace trace_step(const MemoryProbe& probe, const std::function<void()>& step) {
+  const bool probed = probe.live || probe.peak || probe.reset_peak;
+  TORCH_CHECK(!probed || (probe.live && probe.peak && probe.reset_peak),
+              "sac::measure_step_phases: the probe needs live, peak and reset_peak (or none: "
+              "sac counts the step's memory from c10's memory reports alone).");
+  TORCH_CHECK(probed || probe.device.type() == c10::kCPU, "sac::measure_step_phases: on ",
+              probe.device, ", give the probe of its allocator (sac::device_memory_probe).");
+  check_one_thread(probe.device, "sac::measure_step_phases");
   // What serving a kept random call allocates to restore a CPU generator.
   const int64_t rng_state_bytes =
       static_cast<int64_t>(at::detail::getDefaultCPUGenerator().get_state().nbytes());
   // Under per-op kernels, the cacheable ops must be intercepted to be seen.
   detail::intercept_ops_matching(&detail::is_cacheable);
-  TORCH_CHECK(c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) == nullptr,
-              "sac::measure_step_phases: a profiler is active on this thread "
-              "(torch.profiler.profile, torch.autograd.profiler, or a RECORD_FUNCTION "
-              "profiler). c10 reports allocations to the profiler's thread-local state alone, "
-              "and sac's recording needs that slot for the step (Note [The step's memory "
-              "shares the profiler's slot], sac/lab/step_trace.cpp). Stop the profiler while "
-              "measuring, and profile another step.");
   auto tracer = std::make_shared<Tracer>(probe.device);
-  const int64_t base = probe.live();
-  probe.reset_peak();
-  {
-    c10::DebugInfoGuard reporting(c10::DebugInfoKind::PROFILER_STATE, tracer);
+  const int64_t base = probed ? probe.live() : 0;
+  if (probed) {
+    probe.reset_peak();
+  }
+  hear_memory(tracer, "sac::measure_step_phases", [&] {
     detail::RegionEventsGuard listening(tracer.get());
     detail::ObserverGuard observing(tracer.get());
-    try {
-      step();
-    } catch (c10::Error& e) {
-      if (std::string(e.what_without_backtrace()).find("Profiler is already enabled") !=
-          std::string::npos) {
-        TORCH_RETHROW(e, "sac::measure_step_phases: the step started a profiler, which cannot "
-                         "run while sac records the step's memory (Note [The step's memory "
-                         "shares the profiler's slot], sac/lab/step_trace.cpp). Measure the step "
-                         "with no profiler, and profile another step.");
-      }
-      throw;
-    }
-    tracer->check_slot();
-  }
-  const int64_t measured = probe.peak() - base;
+    step();
+  });
   StepTrace trace = tracer->finish();
   trace.rng_state_bytes = rng_state_bytes;
   trace.on_cpu = probe.device.type() == c10::kCPU;
@@ -325,6 +450,8 @@ StepTrace trace_step(const MemoryProbe& probe, const std::function<void()>& step
   for (const int64_t bytes : trace.live()) {
     peak = std::max(peak, bytes);
   }
+  // The probe checks that the reports missed nothing.
+  const int64_t measured = probed ? probe.peak() - base : peak;
   TORCH_CHECK(peak == measured, "sac::measure_step_phases: the allocator of ", probe.device,
               " reported allocations that peak at ", peak,
               " bytes over the step's start, but "
@@ -333,8 +460,9 @@ StepTrace trace_step(const MemoryProbe& probe, const std::function<void()>& step
               ": the allocator does not report every "
               "allocation and free to c10's memory reporting (c10::reportMemoryUsageToProfiler), "
               "or the step allocated on another thread. The prediction would guess; it is not "
-              "made. Use an allocator that reports (the counting allocator of "
-              "examples/support.h; CUDA's caching allocator), and run the step on one thread.");
+              "made. Use an allocator that reports (the CPU's default allocator and the "
+              "counting allocator of examples/support.h do; CUDA's caching allocator does), and "
+              "run the step on one thread.");
   for (size_t r = 0; r < trace.regions.size(); ++r) {
     TORCH_CHECK(trace.regions[r].forward_end != kNever, "sac::measure_step_phases: region ", r,
                 "'s forward did not end in the step.");

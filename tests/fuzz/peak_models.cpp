@@ -7,10 +7,13 @@
 // sdpa and written out by hand with a mask built in the forward, softmax),
 // activations in place and not, chains of scalings, views, reshapes and
 // transposes, dropout, residual adds in place, split into several regions of
-// different sizes with plain code between them. Its step is measured once
-// under full recomputation, then run under random policies, random byte
-// budgets' plans and random peak budgets' plans, each measured by the
-// counting allocator. Properties, per case:
+// different sizes with plain code between them, trained in one of an
+// ordinary loop's shapes (gradients set to none at the end, left, zeroed in
+// place, an optimizer's state made). Its step is measured once under full
+// recomputation, never run plainly for the plan, then run under every
+// region unchecked, random policies, random byte budgets' plans (mixing
+// unchecked and checkpointed regions) and random peak budgets' plans, each
+// measured by the counting allocator. Properties, per case:
 //   1. every prediction equals the measured peak, to the byte;
 //   2. a peak plan's measured peak is at most its budget;
 //   3. a peak plan's recomputation never grows with its budget;
@@ -76,8 +79,22 @@ at::Tensor param(std::vector<int64_t> sizes, double scale) {
 }
 
 // A random model over [B, C, H, W] images or [B, T, D] sequences.
+// What the step does with gradients and an optimizer's state around its
+// forward and backward: the shapes of an ordinary training loop.
+enum class Loop {
+  NoneAtEnd,      // gradients set to none at the step's end
+  Left,           // set to none first, and left at the end
+  ZeroedInPlace,  // zeroed in place first (zero_grad(set_to_none=false))
+  Optimizer,      // set to none first; a momentum buffer made per parameter, which updates it
+};
+const char* const kLoopNames[] = {"gradients none at the end", "gradients left",
+                                  "gradients zeroed in place", "optimizer state made"};
+
 struct Model {
   bool image = false;
+  Loop loop = Loop::NoneAtEnd;
+  std::vector<at::Tensor> initial;  // the parameters' first values
+  std::vector<at::Tensor> state;    // the optimizer's, made by the step
   std::vector<Layer> layers;
   // Layers [begin, end) of each region; the others run plainly.
   std::vector<std::pair<size_t, size_t>> regions;
@@ -330,8 +347,15 @@ Model generate(uint64_t seed) {
     m.regions.emplace_back(at, std::min(m.layers.size(), at + len));
     at += len;
   }
+  // Drawn apart, so that each seed's model is what it was before loops.
+  Rng loop_rng(seed ^ 0x100bULL);
+  m.loop = static_cast<Loop>(pick(loop_rng, 0, 3));
+  for (const at::Tensor& p : m.params()) {
+    m.initial.push_back(p.detach().clone());
+  }
   std::ostringstream out;
-  out << (m.image ? "image " : "sequence ") << m.x.sizes() << "\n";
+  out << (m.image ? "image " : "sequence ") << m.x.sizes() << ", "
+      << kLoopNames[static_cast<int>(m.loop)] << "\n";
   for (size_t i = 0; i < m.layers.size(); ++i) {
     int region = -1;
     for (size_t r = 0; r < m.regions.size(); ++r) {
@@ -407,16 +431,54 @@ at::Tensor run(Model& m, const std::vector<sac::Policy>* policies,
   return loss.detach();
 }
 
+// Before each step: the parameters' first values, no optimizer state, and
+// gradients as the loop leaves them between steps.
+void prepare(Model& m) {
+  const at::NoGradGuard no_grad;
+  m.state.clear();
+  const std::vector<at::Tensor> params = m.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i].detach().copy_(m.initial[i]);
+    at::Tensor p = params[i];
+    p.mutable_grad() = m.loop == Loop::NoneAtEnd ? at::Tensor() : at::zeros_like(p);
+  }
+}
+
+// One training step in the model's loop (but its gradients set to none at
+// the end, which the caller does: they are read first).
+at::Tensor training_step(Model& m, const std::vector<sac::Policy>* policies,
+                         const std::shared_ptr<sac::RegionStatistics>& statistics = nullptr) {
+  if (m.loop == Loop::Left || m.loop == Loop::Optimizer) {
+    zero_grad(m);
+  } else if (m.loop == Loop::ZeroedInPlace) {
+    for (const at::Tensor& p : m.params()) {
+      p.grad().zero_();
+    }
+  }
+  at::Tensor loss = run(m, policies, statistics);
+  if (m.loop == Loop::Optimizer) {
+    const at::NoGradGuard no_grad;
+    for (const at::Tensor& p : m.params()) {
+      m.state.push_back(p.grad() * 0.9);
+      p.detach().sub_(m.state.back() * 0.01);
+    }
+  }
+  return loss;
+}
+
 Step step(Model& m, const std::vector<sac::Policy>* policies) {
-  zero_grad(m);
+  prepare(m);
   const int64_t before = CountingAllocator::live_bytes();
   CountingAllocator::reset_peak();
-  at::Tensor loss = run(m, policies);
+  at::Tensor loss = training_step(m, policies);
   Step s;
   s.peak = CountingAllocator::peak_bytes() - before;
   s.values.push_back(loss);
   for (const at::Tensor& p : m.params()) {
     s.values.push_back(p.grad().defined() ? p.grad().clone() : at::Tensor());
+  }
+  if (m.loop == Loop::NoneAtEnd) {
+    zero_grad(m);
   }
   return s;
 }
@@ -484,6 +546,7 @@ struct Tally {
   size_t unchecked_regions = 0, checkpointed_regions = 0;
   size_t reruns_checked = 0, calls_past_stop = 0, calls_profiled = 0;
   size_t tried_every_choice = 0, not_exact = 0;
+  size_t loops[4] = {0, 0, 0, 0};  // cases per Loop
   double greatest_gap = 0;
 };
 
@@ -563,6 +626,7 @@ std::optional<double> least_recomputation(const std::vector<sac::RegionProfile>&
 std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
   Rng rng(seed ^ 0x9e3779b97f4a7c15ULL);
   Model m = generate(seed);
+  ++tally.loops[static_cast<int>(m.loop)];
   std::vector<std::string> failures;
   const size_t regions = m.regions.size();
   auto fail = [&](std::string what) { failures.push_back(std::move(what)); };
@@ -570,15 +634,16 @@ std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
   const Step plain = step(m, nullptr);
   const std::vector<sac::Policy> nothing(regions, sac::nothing_saveable());
   step(m, &nothing);  // one-time allocations out of the way
-  zero_grad(m);
   const sac::MemoryProbe probe{[] { return CountingAllocator::live_bytes(); },
                                [] { return CountingAllocator::peak_bytes(); },
                                [] { CountingAllocator::reset_peak(); }};
-  // The step sets its gradients to none at its end, so that it can run
-  // again alike with every region plain (Note [The plain step]).
+  // Measured once, in the model's loop; never run plainly.
+  prepare(m);
   const sac::StepPhases phases = sac::measure_step_phases(probe, [&] {
-    run(m, &nothing);
-    zero_grad(m);
+    training_step(m, &nothing);
+    if (m.loop == Loop::NoneAtEnd) {
+      zero_grad(m);
+    }
   });
   if (verbose) {
     phases.print(std::cout);
@@ -586,7 +651,7 @@ std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
   const int64_t plain_peak = step(m, nullptr).peak;
   if (phases.plain_peak() != plain_peak) {
     fail("the plain step peaks at " + std::to_string(plain_peak) + ", but measure_step_phases " +
-         "measured " +
+         "predicts " +
          (phases.plain_peak() ? std::to_string(*phases.plain_peak())
                               : "nothing: " + phases.why_no_plain_peak()));
   }
@@ -596,7 +661,7 @@ std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
   torch::manual_seed(7);
   forward(m, [&](size_t, const auto& body, const at::Tensor& in) {
     at::Tensor out;
-    profiles.push_back(sac::profile([&] { out = body(in); }, 1));
+    profiles.push_back(sac::profile([&] { return out = body(in); }, 1));
     return out;
   });
   // What each region's policy keeps, by sac::explain.
@@ -665,8 +730,8 @@ std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
       predicted += sac_examples::predicted_reruns(profiles[r], plan.saved_calls[r]);
     }
     auto statistics = std::make_shared<sac::RegionStatistics>();
-    zero_grad(m);
-    run(m, &policies, statistics);
+    prepare(m);
+    training_step(m, &policies, statistics);
     ++tally.reruns_checked;
     const size_t rerun = statistics->read().calls_rerun;
     if (rerun != predicted) {
@@ -698,6 +763,15 @@ std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
 
   // Nothing kept: the measured step itself.
   check("nothing kept", nothing, phases.peak(), std::nullopt);
+  // Nothing checkpointed: predicted from the same trace.
+  {
+    const sac::BudgetedPlan unchecked = sac::budgeted_plan(profiles, sac::Budget::of_plain(1.0));
+    check("every region unchecked", unchecked.policies, phases.predict_peak(unchecked),
+          std::nullopt);
+    if (verbose) {
+      phases.print(std::cout, &unchecked);
+    }
+  }
   // Random policies, each region's own or one for all.
   for (int i = 0; i < 2; ++i) {
     std::vector<sac::Policy> policies;
@@ -729,7 +803,7 @@ std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
              " unchecked");
       }
     }
-    check(what, plan.policies, std::nullopt, std::nullopt);
+    check(what, plan.policies, phases.predict_peak(plan), std::nullopt);
     check_least(what, plan, true);
   }
   // Random byte budgets, every region checkpointed.
@@ -853,7 +927,11 @@ int main(int argc, char** argv) {
             << tally.reruns_checked << " recomputations ran the calls predicted; "
             << tally.tried_every_choice << " byte plans checked against every choice ("
             << tally.not_exact << " not exact, greatest gap " << tally.greatest_gap * 1e6
-            << " us)\n";
+            << " us); loops:";
+  for (int loop = 0; loop < 4; ++loop) {
+    std::cout << (loop > 0 ? "," : "") << " " << tally.loops[loop] << " " << kLoopNames[loop];
+  }
+  std::cout << "\n";
   std::cout << passed << " passed, " << failed << " failed\n";
   return failed == 0 ? 0 : 1;
 }

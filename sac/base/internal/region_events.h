@@ -6,7 +6,11 @@
 // recomputation on autograd's device threads is not seen).
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 
 namespace sac::detail {
 
@@ -24,6 +28,18 @@ class RegionEvents {
   // The region's frame let go of what its contexts kept (its graph was
   // freed: after backward, or at once when the forward saved nothing).
   virtual void released(const void* region) = 0;
+  // The frame of `region` holds `input` for its recomputation, which a
+  // plain region would not: `frame_handles` of the handles on the input's
+  // TensorImpl are the frame's (Note [A region left unchecked], peak.cpp).
+  virtual void input_held(const void* /*region*/, const at::Tensor& /*input*/,
+                          int64_t /*frame_handles*/) {}
+  // The forward of `region` saved `saved` for backward, held by `holder`
+  // until autograd lets go of it (its node ran, or its graph died).
+  virtual void saved(const void* /*region*/, const at::Tensor& /*saved*/,
+                     std::weak_ptr<const void> /*holder*/) {}
+  // The frame of `region` reported every input it holds (input_held) and
+  // every save (saved): how the region would run plainly is known.
+  virtual void heard_whole(const void* /*region*/) {}
   // A selective forward ended keeping the outputs of `calls` op calls for
   // its recomputation (some perhaps dropped already, modified in place).
   virtual void outputs_kept(size_t calls) = 0;

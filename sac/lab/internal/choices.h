@@ -41,5 +41,9 @@ std::vector<CallChoice> choices_of(const RegionProfile& profile, size_t index,
 // saved_bytes are the regions' plain_bytes (-1 if a profile did not measure
 // them); it recomputes nothing.
 BudgetedPlan plan_unchecked(const std::vector<RegionProfile>& profiles);
+// The plan that checkpoints every region and keeps nothing: the measured
+// step itself. (A byte budget of 0 may still keep calls of no bytes, those
+// whose outputs the region returns, which can raise the step's peak.)
+BudgetedPlan plan_keeping_nothing(const std::vector<RegionProfile>& profiles);
 
 }  // namespace sac::detail

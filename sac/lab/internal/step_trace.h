@@ -13,11 +13,13 @@
 #include <sac/lab/peak.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/ThreadLocalDebugInfo.h>
 #include <c10/util/SmallVector.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -50,10 +52,32 @@ struct TracedCall {
   bool random = false;
 };
 
+// An input the region's frame held for its recomputation (Note [A region
+// left unchecked] in peak.cpp): where the frame's hold freed it, and where
+// it would have been freed without the frame (once nothing else held it).
+struct HeldInput {
+  size_t freed = kNever;           // its free's event
+  size_t dropped = kNever;         // position: the rest of the program let go of it
+  bool saved = false;              // the region's forward saved it for backward
+  size_t saves_released = kNever;  // position: autograd let go of those saves
+};
+
+// A tensor the region's forward saved for backward (packed by its frame).
+struct TracedSave {
+  size_t allocation = kNever;  // its storage, or kNever (made before the step)
+  size_t released = kNever;    // position: autograd let go of it
+};
+
 struct TracedRegion {
   size_t forward_begin = 0, forward_end = kNever;
   size_t recompute_begin = kNever, recompute_end = kNever;
   size_t released = kNever;  // its frame let go of its contexts' state
+  std::vector<HeldInput> inputs;
+  std::vector<TracedSave> saves;
+  // Its frame reported its inputs and saves (sac::checkpoint's does; a
+  // region of PyTorch's checkpoint, or a sac::CheckpointRegion, does not):
+  // a plan may leave it unchecked.
+  bool heard_whole = false;
   // Per op, its calls in order: call `i` is the op's `i`th in the region
   // (what a policy's answers are keyed by).
   std::unordered_map<c10::OperatorHandle, std::vector<TracedCall>> forward, recompute;
@@ -73,8 +97,20 @@ struct StepTrace {
   std::vector<int64_t> live() const;
 };
 
-// Runs `step` and traces it; the probe's own peak must agree with the
-// traced events (else the allocator does not report them all: an error).
+// Runs `step` with `listener` in the thread's profiler slot, where c10
+// reports the step's allocations (Note [The step's memory shares the
+// profiler's slot], step_trace.cpp): an error, naming `api`, if a profiler
+// holds the slot or takes it during the step.
+void hear_memory(const std::shared_ptr<c10::DebugInfoBase>& listener, const char* api,
+                 const std::function<void()>& step);
+
+// An error, naming `api`, where `device` is the CPU and ops run on several
+// intra-op threads, whose scratch allocations c10 does not report.
+void check_one_thread(const c10::Device& device, const char* api);
+
+// Runs `step` and traces it; the probe's own peak, if it has one, must agree
+// with the traced events (else the allocator does not report them all: an
+// error). Without a probe (CPU only), the reports are the measurement.
 StepTrace trace_step(const MemoryProbe& probe, const std::function<void()>& step);
 
 }  // namespace sac::detail
