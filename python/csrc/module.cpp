@@ -76,12 +76,39 @@ class Mode {
   }
   const char* name() const { return kind_ == Kind::Caching ? "caching" : "cached"; }
 
+  // What a listener hears of the region from Python, as sac's own frame
+  // tells it (Note [A region left unchecked], sac/lab/peak.cpp): the inputs
+  // PyTorch's checkpoint holds, each by `frame_handles` handles; each save,
+  // held until the returned token dies; and that it told all of that.
+  void hear_input(const at::Tensor& input, int64_t frame_handles) const {
+    if (sac::detail::RegionEvents* events = sac::detail::region_events()) {
+      events->input_held(region_.get(), input, frame_handles);
+    }
+  }
+  std::shared_ptr<const void> hear_save(const at::Tensor& saved) const {
+    auto token = std::make_shared<int>(0);
+    if (sac::detail::RegionEvents* events = sac::detail::region_events()) {
+      events->saved(region_.get(), saved, std::shared_ptr<const void>(token));
+    }
+    return token;
+  }
+  void heard_whole() const {
+    if (sac::detail::RegionEvents* events = sac::detail::region_events()) {
+      events->heard_whole(region_.get());
+    }
+  }
+
  private:
   // Declared first: destroyed after the context (see DoorRegion).
   std::shared_ptr<DoorRegion> region_;
   std::shared_ptr<RegionContext> context_;
   Kind kind_;
   int entered_ = 0;
+};
+
+// Lives as long as a save autograd holds (Mode::hear_save).
+struct SaveToken {
+  std::shared_ptr<const void> alive;
 };
 
 // sac::CheckpointRegion as a Python context manager: `with sac.region():`.
@@ -231,7 +258,19 @@ PYBIND11_MODULE(_C, m) {
              END_HANDLE_TH_ERRORS_PYBIND
            })
       .def("__repr__",
-           [](const Mode& mode) { return std::string("<sac ") + mode.name() + " mode>"; });
+           [](const Mode& mode) { return std::string("<sac ") + mode.name() + " mode>"; })
+      .def("_hear_input", &Mode::hear_input, py::arg("input"), py::arg("frame_handles"))
+      .def(
+          "_hear_save",
+          [](const Mode& mode, const at::Tensor& saved) {
+            return sac::python::SaveToken{mode.hear_save(saved)};
+          },
+          py::arg("saved"))
+      .def("_heard_whole", &Mode::heard_whole);
+  py::class_<sac::python::SaveToken>(
+      m, "_SaveToken",
+      "Held with a save of PyTorch's checkpoint while sac hears the step: its "
+      "death is autograd letting go of the save.");
 
   py::class_<sac::python::Region>(m, "CheckpointRegion",
                                   "sac::CheckpointRegion, as a context manager.")
@@ -299,6 +338,10 @@ PYBIND11_MODULE(_C, m) {
           py::return_value_policy::reference)
       .def("__exit__", [](sac::python::PlainRegions& plain, const py::args&) { plain.exit(); })
       .def_property_readonly("checkpointed", &sac::python::PlainRegions::checkpointed);
+  m.def(
+      "_hearing",
+      [] { return sac::detail::region_events() != nullptr && !sac::detail::regions_run_plainly(); },
+      "Whether a listener hears this thread's regions now (sac.measure_step_phases' step).");
   m.def(
       "_regions_run_plainly", [] { return sac::detail::regions_run_plainly(); },
       "Whether this thread's regions run without checkpointing now: "

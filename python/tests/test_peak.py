@@ -170,6 +170,50 @@ def test_a_peak_budget_the_plain_step_fits_recomputes_nothing(architecture):
     assert peak == under.predicted_peak < plain_peak
 
 
+@pytest.mark.parametrize("architecture", [models.bart, models.gpt2], ids=lambda f: f.__name__)
+def test_the_plain_step_is_predicted_where_sac_hears_every_region(architecture):
+    """Measured once, with no probe and in the usual loop (gradients left),
+    a step whose layers PyTorch's checkpoint runs with sac's contexts: where
+    the checkpointed functions close over no tensors (BART's layers), sac
+    hears what each saves and holds, and the plain step and plans that mix
+    unchecked and checkpointed layers are predicted to the byte, the step
+    run once. GPT-2's layers close over position_ids, whose release sac
+    cannot see: the plain step is run and measured instead."""
+    torch.manual_seed(0)
+    model, batch = architecture()
+    nothing = sac.context_fn(sac.nothing_saveable())
+    m = checkpointed(model, nothing)
+    run(m, batch)  # one-time allocations; the gradients stay, as in a loop
+    runs = []
+
+    def step():
+        runs.append(1)
+        m.zero_grad(set_to_none=True)
+        run(m, batch)
+
+    with no_collection():
+        phases = sac.measure_step_phases(step)
+    assert phases.plain_peak is not None, phases.why_no_plain_peak
+    assert len(runs) == (1 if architecture is models.bart else 2)
+    profiled = profiles(model, batch)
+    mixed = 0
+    for tenths in range(11):
+        plan = sac.budgeted_plan(profiled, of_plain=tenths / 10)
+        mixed += 0 < sum(plan.checkpointed) < len(plan.checkpointed)
+        planned = checkpointed(model, sac.in_order(plan.policies))
+        run(planned, batch)
+        with no_collection():
+            def planned_step():
+                planned.zero_grad(set_to_none=True)
+                run(planned, batch)
+            peak = sac.measure_peak(planned_step)
+        if architecture is models.bart or all(plan.checkpointed):
+            assert peak == phases.predict_peak(plan), tenths
+        elif not any(plan.checkpointed):
+            assert peak == phases.plain_peak, tenths
+    assert mixed > 0
+
+
 def test_presets_predicted_from_python():
     """Any policy's peak, from its explanations (sac.explain per layer)."""
     torch.manual_seed(0)

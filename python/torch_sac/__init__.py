@@ -31,6 +31,7 @@ import collections
 import contextlib
 import functools
 import itertools
+import sys
 from typing import Any, Callable, ContextManager, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -223,8 +224,89 @@ def _contexts(policy: Policy, allow_cache_entry_mutation: bool,
             python_fn or _AsPyTorchPolicy(policy), allow_cache_entry_mutation)
     if not policy.checkpoints or _C._regions_run_plainly():
         return _RunsPlainly(), contextlib.nullcontext()
-    return _C.create_selective_checkpoint_contexts(policy, allow_cache_entry_mutation,
-                                                   statistics)
+    forward, recompute = _C.create_selective_checkpoint_contexts(
+        policy, allow_cache_entry_mutation, statistics)
+    if _C._hearing():
+        return _HeardForward(forward, _checkpoint_frame()), recompute
+    return forward, recompute
+
+
+def _checkpoint_frame() -> Any:
+    """The Python frame of the torch.utils.checkpoint call asking for
+    contexts now, or None if it is not PyTorch's non-reentrant checkpoint."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_name != "_checkpoint_without_reentrant_generator":
+        frame = frame.f_back
+    return frame
+
+
+def _closes_over_tensors(fn: Any, kwargs: Any) -> bool:
+    """Whether a checkpointed function holds tensors other than its
+    module's (a functools.partial's arguments, a closure's cells, keyword
+    arguments): PyTorch's checkpoint keeps those alive through its closure,
+    and sac cannot tell when the rest of the program lets go of them."""
+    held: List[Any] = [kwargs]
+    while isinstance(fn, functools.partial):
+        held += [fn.args, fn.keywords]
+        fn = fn.func
+    held += [cell.cell_contents for cell in getattr(fn, "__closure__", None) or ()
+             if not isinstance(cell.cell_contents, torch.nn.Module)]
+    return any(isinstance(leaf, torch.Tensor) and not isinstance(leaf, torch.nn.Parameter)
+               for leaf in torch.utils._pytree.tree_leaves(held))
+
+
+class _HeardForward:
+    """sac's caching mode while sac.measure_step_phases hears the step, telling
+    it what PyTorch's checkpoint does not (Note [A region left unchecked] in
+    sac/lab/peak.cpp): the inputs the checkpoint holds, each through one
+    saved tensor, and every tensor autograd saves, through the checkpoint's
+    own saved-tensor hooks wrapped so that the packed value carries a token
+    that dies when autograd lets go of it."""
+
+    def __init__(self, mode: Any, frame: Any) -> None:
+        self._mode = mode
+        self._frame = frame
+        self._hooks: Optional[Tuple[Callable[..., Any], Callable[..., Any]]] = None
+
+    def __enter__(self) -> None:
+        hooks = torch._C._autograd._top_saved_tensors_default_hooks(True)
+        frame, self._frame = self._frame, None
+        self._mode.__enter__()
+        if frame is None or hooks is None or \
+                getattr(hooks[0], "__module__", None) != "torch.utils.checkpoint":
+            return  # not PyTorch's checkpoint: the region stays unheard
+        local = frame.f_locals
+        if _closes_over_tensors(local.get("fn"), local.get("kwargs")):
+            return  # held by the checkpoint's closure: when the program lets go is not seen
+        mode, (pack, unpack) = self._mode, hooks
+        # The checkpoint holds each tensor argument through one saved tensor,
+        # and the generator states it took through its closure alone.
+        for t in local.get("args", ()):
+            if isinstance(t, torch.Tensor):
+                mode._hear_input(t, 1)
+        states = [local.get("fwd_cpu_state")] + list(local.get("fwd_device_states") or [])
+        for t in states:
+            if isinstance(t, torch.Tensor):
+                mode._hear_input(t, 1)
+        del frame, local
+
+        def heard_pack(t: torch.Tensor) -> Any:
+            return pack(t), mode._hear_save(t)
+
+        def heard_unpack(packed: Any) -> torch.Tensor:
+            return unpack(packed[0])
+
+        torch._C._autograd._pop_saved_tensors_default_hooks()
+        torch._C._autograd._push_saved_tensors_default_hooks(heard_pack, heard_unpack)
+        self._hooks = hooks
+        mode._heard_whole()
+
+    def __exit__(self, *exception: Any) -> Any:
+        if self._hooks is not None:
+            torch._C._autograd._pop_saved_tensors_default_hooks()
+            torch._C._autograd._push_saved_tensors_default_hooks(*self._hooks)
+            self._hooks = None
+        return self._mode.__exit__(*exception)
 
 
 class _RunsPlainly:
