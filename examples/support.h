@@ -96,10 +96,18 @@ class CountingAllocator final : public c10::Allocator {
   // CUDA's caching allocator rounds its blocks to 512 bytes; 1 counts exact
   // sizes. Blocks keep the size they were counted with.
   static void round_to(size_t bytes) { rounding().store(bytes == 0 ? 1 : bytes); }
+  // Refuses an allocation that would take the live bytes over `bytes`, as a
+  // device out of memory does (0: no limit).
+  static void limit_to(int64_t bytes) { limit().store(bytes); }
 
   c10::DataPtr allocate(size_t requested) override {
     const size_t unit = rounding().load();
     const size_t bytes = (requested + unit - 1) / unit * unit;
+    const int64_t most = limit().load();
+    TORCH_CHECK_WITH(OutOfMemoryError,
+                     most == 0 || live().load() + static_cast<int64_t>(bytes) <= most,
+                     "CountingAllocator: out of memory: ", bytes, " bytes more than the limit of ",
+                     most, " (", live().load(), " live).");
     // The size lives in a header before the data: LibTorch's raw_allocate
     // needs the context to be the data pointer itself.
     auto* base = static_cast<char*>(c10::alloc_cpu(bytes + kHeader));
@@ -124,6 +132,10 @@ class CountingAllocator final : public c10::Allocator {
     return bytes;
   }
   static std::atomic<int64_t>& peak() {
+    static std::atomic<int64_t> bytes{0};
+    return bytes;
+  }
+  static std::atomic<int64_t>& limit() {
     static std::atomic<int64_t> bytes{0};
     return bytes;
   }

@@ -87,7 +87,7 @@ DOORS = [
 ]
 # All C++ doors together, and the Python package's __all__.
 CPP_BUDGET = 81
-PYTHON_BUDGET = 49
+PYTHON_BUDGET = 50
 
 
 def parse(header):

@@ -177,6 +177,18 @@ void add_lab(py::module_& m) {
       .def_readonly("checkpointed", &BudgetedPlan::checkpointed)
       .def_readonly("budget_bytes", &BudgetedPlan::budget_bytes)
       .def_readonly("saved_bytes", &BudgetedPlan::saved_bytes)
+      .def_property_readonly(
+          "saved_calls",
+          [](const BudgetedPlan& plan) {
+            std::vector<std::vector<std::tuple<std::string, size_t, int64_t>>> out;
+            for (const auto& region : plan.saved_calls) {
+              auto& calls = out.emplace_back();
+              for (const SavedCall& c : region) {
+                calls.emplace_back(c10::toString(c.op.operator_name()), c.call, c.bytes);
+              }
+            }
+            return out;
+          })
       .def_readonly("recompute_seconds", &BudgetedPlan::recompute_seconds)
       .def_readonly("exact", &BudgetedPlan::exact)
       .def_readonly("gap_seconds", &BudgetedPlan::gap_seconds)

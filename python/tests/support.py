@@ -73,5 +73,6 @@ def counting_allocator():
     counting = ctypes.CDLL(library)
     counting.sac_counting_live_bytes.restype = ctypes.c_int64
     counting.sac_counting_peak_bytes.restype = ctypes.c_int64
+    counting.sac_counting_limit.argtypes = [ctypes.c_int64]
     counting.sac_counting_install()
     return counting

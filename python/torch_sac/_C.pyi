@@ -72,6 +72,9 @@ class BudgetedPlan:
     checkpointed: List[bool]
     budget_bytes: int
     saved_bytes: int
+    # Per region, the calls it keeps: (op, call, bytes); a region left
+    # unchecked keeps what autograd saves.
+    saved_calls: List[List[Tuple[str, int, int]]]
     recompute_seconds: float
     exact: bool
     gap_seconds: float

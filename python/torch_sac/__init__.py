@@ -107,7 +107,7 @@ __all__ = [
     # The policy lab: profiles, explanations, budgets, a step's peak.
     "BudgetedPlan", "ExplainedCall", "Explanation", "OpCallProfile", "PeakPlan",
     "RegionProfile", "RegionStatistics", "StepPhases", "budgeted_plan", "budgeted_policy",
-    "explain", "measure_peak", "measure_step_phases", "profile", "profile_layers",
+    "explain", "fit", "measure_peak", "measure_step_phases", "profile", "profile_layers",
 ]
 
 # sac's answers are PyTorch's, in the same order (the C++ side relies on it).
@@ -577,14 +577,19 @@ def _with_measured_plain_peak(phases: StepPhases, plain_step: Callable[[], None]
                   "(gradients it made, an optimizer's state), so a second run would start "
                   "elsewhere. Set the gradients to none at the step's end, and make the "
                   "optimizer's state before measuring")
-    with _C._PlainRegions() as plain:
-        if live is None or peak is None or reset_peak is None:
-            measured = _C.measure_peak(plain_step)
-        else:
-            base = live()
-            reset_peak()
-            plain_step()
-            measured = peak() - base
+    try:
+        with _C._PlainRegions() as plain:
+            if live is None or peak is None or reset_peak is None:
+                measured = _C.measure_peak(plain_step)
+            else:
+                base = live()
+                reset_peak()
+                plain_step()
+                measured = peak() - base
+    except torch.OutOfMemoryError as e:
+        return phases.with_plain_peak(
+            None, f"the plain step ran out of memory ({str(e).splitlines()[0]}), so it does "
+                  "not fit: plan for a peak in bytes")
     if plain.checkpointed > 0:
         return phases.with_plain_peak(
             None, f"{plain.checkpointed} region(s) checkpointed in the plain run all the same "
@@ -617,3 +622,6 @@ def in_order(policies: Sequence[PolicyLike], allow_cache_entry_mutation: bool = 
                          None)
 
     return context_fn
+
+
+from ._fit import fit  # noqa: E402  (it uses the functions above)

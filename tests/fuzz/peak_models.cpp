@@ -9,9 +9,9 @@
 // transposes, dropout, residual adds in place, split into several regions of
 // different sizes with plain code between them, trained in one of an
 // ordinary loop's shapes (gradients set to none at the end, left, zeroed in
-// place, an optimizer's state made). Its step is measured once under full
-// recomputation, never run plainly for the plan, then run under every
-// region unchecked, random policies, random byte budgets' plans (mixing
+// place, an optimizer's state made, two micro-batches accumulated). Its
+// step is measured once under full recomputation, never run plainly for the
+// plan, then run under every region unchecked, random policies, random byte budgets' plans (mixing
 // unchecked and checkpointed regions) and random peak budgets' plans, each
 // measured by the counting allocator. Properties, per case:
 //   1. every prediction equals the measured peak, to the byte;
@@ -86,9 +86,12 @@ enum class Loop {
   Left,           // set to none first, and left at the end
   ZeroedInPlace,  // zeroed in place first (zero_grad(set_to_none=false))
   Optimizer,      // set to none first; a momentum buffer made per parameter, which updates it
+  Accumulated,    // set to none first; two micro-batches' gradients summed, left
 };
-const char* const kLoopNames[] = {"gradients none at the end", "gradients left",
-                                  "gradients zeroed in place", "optimizer state made"};
+constexpr int kLoops = 5;
+const char* const kLoopNames[kLoops] = {"gradients none at the end", "gradients left",
+                                        "gradients zeroed in place", "optimizer state made",
+                                        "two micro-batches accumulated"};
 
 struct Model {
   bool image = false;
@@ -349,7 +352,7 @@ Model generate(uint64_t seed) {
   }
   // Drawn apart, so that each seed's model is what it was before loops.
   Rng loop_rng(seed ^ 0x100bULL);
-  m.loop = static_cast<Loop>(pick(loop_rng, 0, 3));
+  m.loop = static_cast<Loop>(pick(loop_rng, 0, kLoops - 1));
   for (const at::Tensor& p : m.params()) {
     m.initial.push_back(p.detach().clone());
   }
@@ -416,18 +419,45 @@ at::Tensor forward(Model& m, const RunRegion& run_region) {
 
 // The step's forward and backward: what its peak is measured over. Its
 // regions add to `statistics`, if given.
+// Forward and backward passes per step: two where micro-batches accumulate
+// (each region runs twice: a plan for the step has a policy per run).
+size_t micro_batches(const Model& m) { return m.loop == Loop::Accumulated ? 2 : 1; }
+
+// `per_region` repeated once per micro-batch: one per region run, in order.
+template <class T>
+std::vector<T> per_run(const Model& m, const std::vector<T>& per_region) {
+  std::vector<T> out;
+  for (size_t k = 0; k < micro_batches(m); ++k) {
+    out.insert(out.end(), per_region.begin(), per_region.end());
+  }
+  return out;
+}
+sac::BudgetedPlan per_run(const Model& m, sac::BudgetedPlan plan) {
+  plan.policies = per_run(m, plan.policies);
+  plan.checkpointed = per_run(m, plan.checkpointed);
+  plan.saved_calls = per_run(m, plan.saved_calls);
+  return plan;
+}
+
+// The step's forwards and backwards: what its peak is measured over. Region
+// runs take `policies` in order (one per region, again per micro-batch, or
+// one per run). Its regions add to `statistics`, if given.
 at::Tensor run(Model& m, const std::vector<sac::Policy>* policies,
                const std::shared_ptr<sac::RegionStatistics>& statistics = nullptr) {
-  torch::manual_seed(7);
-  at::Tensor out = forward(m, [&](size_t r, const auto& body, const at::Tensor& in) {
-    if (policies == nullptr) {
-      return body(in);
-    }
-    return sac::checkpoint(sac::CheckpointOptions().policy((*policies)[r]).statistics(statistics),
-                           body, in);
-  });
-  at::Tensor loss = (out * out).mean();
-  loss.backward();
+  at::Tensor loss;
+  for (size_t k = 0; k < micro_batches(m); ++k) {
+    torch::manual_seed(7 + static_cast<int64_t>(k));
+    at::Tensor out = forward(m, [&](size_t r, const auto& body, const at::Tensor& in) {
+      if (policies == nullptr) {
+        return body(in);
+      }
+      const size_t index = policies->size() > m.regions.size() ? k * m.regions.size() + r : r;
+      return sac::checkpoint(
+          sac::CheckpointOptions().policy((*policies)[index]).statistics(statistics), body, in);
+    });
+    loss = (out * out).mean();
+    loss.backward();
+  }
   return loss.detach();
 }
 
@@ -448,7 +478,7 @@ void prepare(Model& m) {
 // the end, which the caller does: they are read first).
 at::Tensor training_step(Model& m, const std::vector<sac::Policy>* policies,
                          const std::shared_ptr<sac::RegionStatistics>& statistics = nullptr) {
-  if (m.loop == Loop::Left || m.loop == Loop::Optimizer) {
+  if (m.loop == Loop::Left || m.loop == Loop::Optimizer || m.loop == Loop::Accumulated) {
     zero_grad(m);
   } else if (m.loop == Loop::ZeroedInPlace) {
     for (const at::Tensor& p : m.params()) {
@@ -546,7 +576,7 @@ struct Tally {
   size_t unchecked_regions = 0, checkpointed_regions = 0;
   size_t reruns_checked = 0, calls_past_stop = 0, calls_profiled = 0;
   size_t tried_every_choice = 0, not_exact = 0;
-  size_t loops[4] = {0, 0, 0, 0};  // cases per Loop
+  size_t loops[kLoops] = {};  // cases per Loop
   double greatest_gap = 0;
 };
 
@@ -727,7 +757,8 @@ std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
     size_t predicted = 0;
     for (size_t r = 0; r < regions; ++r) {
       policies.push_back(sac_examples::asked_about_every_call(plan.policies[r]));
-      predicted += sac_examples::predicted_reruns(profiles[r], plan.saved_calls[r]);
+      predicted +=
+          micro_batches(m) * sac_examples::predicted_reruns(profiles[r], plan.saved_calls[r]);
     }
     auto statistics = std::make_shared<sac::RegionStatistics>();
     prepare(m);
@@ -766,10 +797,11 @@ std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
   // Nothing checkpointed: predicted from the same trace.
   {
     const sac::BudgetedPlan unchecked = sac::budgeted_plan(profiles, sac::Budget::of_plain(1.0));
-    check("every region unchecked", unchecked.policies, phases.predict_peak(unchecked),
+    check("every region unchecked", unchecked.policies, phases.predict_peak(per_run(m, unchecked)),
           std::nullopt);
     if (verbose) {
-      phases.print(std::cout, &unchecked);
+      const sac::BudgetedPlan runs = per_run(m, unchecked);
+      phases.print(std::cout, &runs);
     }
   }
   // Random policies, each region's own or one for all.
@@ -782,7 +814,8 @@ std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
     }
     const auto kept = explained(policies);
     check("policies [" + names + "]", policies,
-          predicted_or_refused([&] { return phases.predict_peak(kept); }), std::nullopt);
+          predicted_or_refused([&] { return phases.predict_peak(per_run(m, kept)); }),
+          std::nullopt);
   }
   // Byte plans with unchecked regions as a choice (the default): each
   // region it checkpoints keeps fewer bytes than it would unchecked, and the
@@ -803,7 +836,7 @@ std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
              " unchecked");
       }
     }
-    check(what, plan.policies, phases.predict_peak(plan), std::nullopt);
+    check(what, plan.policies, phases.predict_peak(per_run(m, plan)), std::nullopt);
     check_least(what, plan, true);
   }
   // Random byte budgets, every region checkpointed.
@@ -812,7 +845,8 @@ std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
     const sac::BudgetedPlan plan =
         sac::budgeted_plan(profiles, sac::Budget::fraction(fraction), std::nullopt, false);
     const std::string what = "byte plan at " + std::to_string(fraction);
-    check(what, plan.policies, predicted_or_refused([&] { return phases.predict_peak(plan); }),
+    check(what, plan.policies,
+          predicted_or_refused([&] { return phases.predict_peak(per_run(m, plan)); }),
           std::nullopt);
     check_least(what, plan, false);
     check_reruns(what, plan);
@@ -820,7 +854,7 @@ std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
   // Random peak budgets, ascending: measured under each, cost never rising.
   const int64_t low = phases.peak();
   const int64_t high = phases.predict_peak(
-      sac::budgeted_plan(profiles, sac::Budget::fraction(1.0), std::nullopt, false));
+      per_run(m, sac::budgeted_plan(profiles, sac::Budget::fraction(1.0), std::nullopt, false)));
   std::vector<int64_t> budgets{low};
   for (int i = 0; i < 3; ++i) {
     budgets.push_back(low + pick(rng, 0, std::max<int64_t>(0, high - low) + 64));
@@ -832,7 +866,7 @@ std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
   std::sort(budgets.begin(), budgets.end());
   double last = std::numeric_limits<double>::infinity();
   for (const int64_t budget : budgets) {
-    const sac::PeakPlan plan = phases.plan_for_peak(profiles, budget);
+    const sac::PeakPlan plan = phases.plan_for_peak(per_run(m, profiles), budget);
     ++tally.peak_plans;
     const std::string what = "peak plan at " + std::to_string(budget);
     if (plan.predicted_peak > budget) {
@@ -928,7 +962,7 @@ int main(int argc, char** argv) {
             << tally.tried_every_choice << " byte plans checked against every choice ("
             << tally.not_exact << " not exact, greatest gap " << tally.greatest_gap * 1e6
             << " us); loops:";
-  for (int loop = 0; loop < 4; ++loop) {
+  for (int loop = 0; loop < kLoops; ++loop) {
     std::cout << (loop > 0 ? "," : "") << " " << tally.loops[loop] << " " << kLoopNames[loop];
   }
   std::cout << "\n";
