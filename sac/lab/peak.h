@@ -37,7 +37,8 @@
 // not reported to the step's thread), and a plan that keeps a call whose
 // output lies on the storage of a call it recomputes. On an accelerator the
 // events are the caching allocator's blocks (allocated bytes, rounded as it
-// rounds them; not the cached, reserved bytes); a recomputation that
+// rounds them; not the cached, reserved bytes: sac_peak_models --blocks 512
+// checks the model on CPU blocks rounded alike); a recomputation that
 // autograd runs on a device thread is not observed, so its calls are not
 // found there (no accelerator has run this).
 #pragma once

@@ -1,5 +1,7 @@
 #include <sac/lab/internal/step_trace.h>
 
+#include <sac/lab/memory.h>
+
 #include <sac/base/internal/region_events.h>
 #include <sac/dispatch/internal/boxed.h>
 #include <sac/dispatch/internal/interceptor.h>
@@ -428,9 +430,6 @@ StepTrace trace_step(const MemoryProbe& probe, const std::function<void()>& step
   TORCH_CHECK(probed || probe.device.type() == c10::kCPU, "sac::measure_step_phases: on ",
               probe.device, ", give the probe of its allocator (sac::device_memory_probe).");
   check_one_thread(probe.device, "sac::measure_step_phases");
-  // What serving a kept random call allocates to restore a CPU generator.
-  const int64_t rng_state_bytes =
-      static_cast<int64_t>(at::detail::getDefaultCPUGenerator().get_state().nbytes());
   // Under per-op kernels, the cacheable ops must be intercepted to be seen.
   detail::intercept_ops_matching(&detail::is_cacheable);
   auto tracer = std::make_shared<Tracer>(probe.device);
@@ -443,17 +442,22 @@ StepTrace trace_step(const MemoryProbe& probe, const std::function<void()>& step
     detail::ObserverGuard observing(tracer.get());
     step();
   });
+  // The probe checks that the reports missed nothing.
+  const int64_t measured = probed ? probe.peak() - base : 0;
   StepTrace trace = tracer->finish();
-  trace.rng_state_bytes = rng_state_bytes;
+  // What serving a kept random call allocates to restore a CPU generator,
+  // as the allocator counts it (rounded to its blocks); on the CPU only.
+  if (probe.device.type() == c10::kCPU) {
+    trace.rng_state_bytes =
+        measure_peak([] { (void)at::detail::getDefaultCPUGenerator().get_state(); });
+  }
   trace.on_cpu = probe.device.type() == c10::kCPU;
   int64_t peak = 0;
   for (const int64_t bytes : trace.live()) {
     peak = std::max(peak, bytes);
   }
-  // The probe checks that the reports missed nothing.
-  const int64_t measured = probed ? probe.peak() - base : peak;
-  TORCH_CHECK(peak == measured, "sac::measure_step_phases: the allocator of ", probe.device,
-              " reported allocations that peak at ", peak,
+  TORCH_CHECK(!probed || peak == measured, "sac::measure_step_phases: the allocator of ",
+              probe.device, " reported allocations that peak at ", peak,
               " bytes over the step's start, but "
               "the probe measured ",
               measured,

@@ -29,7 +29,9 @@
 // A prediction the model refuses (documented in peak.h) is counted, not
 // failed.
 //
-//   sac_peak_models [--cases N] [--seed S] [--replay SEED] [--verbose]
+//   sac_peak_models [--cases N] [--seed S] [--replay SEED] [--blocks B] [--verbose]
+//   --blocks 512 counts each allocation in blocks of 512 bytes, as CUDA's
+//   caching allocator's allocated bytes do.
 //   env: SAC_DISPATCH (per_op | fallback), SAC_PEAK_CASES (overrides --cases)
 //
 // The last line is "N passed, M failed"; exit status 1 if any case failed.
@@ -901,6 +903,7 @@ int main(int argc, char** argv) {
   uint64_t seed = 1;
   std::vector<uint64_t> replay;
   bool verbose = false;
+  size_t blocks = 1;  // bytes each allocation is rounded up to
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--cases" && i + 1 < argc) {
@@ -911,8 +914,11 @@ int main(int argc, char** argv) {
       replay.push_back(std::stoull(argv[++i]));
     } else if (arg == "--verbose") {
       verbose = true;
+    } else if (arg == "--blocks" && i + 1 < argc) {
+      blocks = std::stoul(argv[++i]);
     } else {
-      std::cerr << "usage: sac_peak_models [--cases N] [--seed S] [--replay SEED] [--verbose]\n";
+      std::cerr << "usage: sac_peak_models [--cases N] [--seed S] [--replay SEED] [--blocks B] "
+                   "[--verbose]\n";
       return 2;
     }
   }
@@ -920,6 +926,9 @@ int main(int argc, char** argv) {
     cases = std::stoul(env);
   }
   CountingAllocator::install();
+  // Blocks of 512 bytes are what CUDA's caching allocator hands out: its
+  // allocated bytes, modelled on the CPU.
+  CountingAllocator::round_to(blocks);
   at::set_num_threads(1);
   std::vector<uint64_t> seeds = replay;
   if (seeds.empty()) {
