@@ -420,6 +420,26 @@ def profile_layers(model: torch.nn.Module, forward: Callable[[], Any], runs: int
     forward goes on with what its first run returned. A name bound before
     (`from torch.utils.checkpoint import checkpoint`) is not seen: an error
     if no region was."""
+    layers = [m for m in model.modules() if hasattr(m, "_gradient_checkpointing_func")]
+    profiles = _profile_regions(layers, forward, runs, warmup, detach=False)
+    if not profiles:
+        raise RuntimeError(
+            "torch_sac.profile_layers: forward() checkpointed no region through "
+            "torch.utils.checkpoint.checkpoint or a layer of the model that Hugging Face's "
+            "gradient_checkpointing_enable() set up. Enable checkpointing on the model (in "
+            "training mode), or call torch.utils.checkpoint.checkpoint through the module "
+            "attribute, not a name imported before.")
+    return profiles
+
+
+def _profile_regions(layers: Sequence[torch.nn.Module], run: Callable[[], Any], runs: int,
+                     warmup: int, detach: bool) -> List[RegionProfile]:
+    """Runs `run` with each region profiled instead of checkpointed: the
+    calls of `layers`' `_gradient_checkpointing_func` and of
+    torch.utils.checkpoint.checkpoint through the module attribute. `run`
+    goes on with what each region's first profiled run returned; with
+    `detach`, detached (requiring grad as it did), so that no more than one
+    region's plain graph is alive at once."""
     profiles: List[RegionProfile] = []
 
     def profiling(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -433,27 +453,22 @@ def profile_layers(model: torch.nn.Module, forward: Callable[[], Any], runs: int
                 result.append(out)
             return out
         profiles.append(profile(region, runs, warmup))
-        return result[0]
+        if not detach:
+            return result[0]
+        return torch.utils._pytree.tree_map_only(
+            torch.Tensor, lambda t: t.detach().requires_grad_(t.requires_grad), result[0])
 
-    layers = [m for m in model.modules() if hasattr(m, "_gradient_checkpointing_func")]
     saved = [m._gradient_checkpointing_func for m in layers]
     checkpoint_fn = torch.utils.checkpoint.checkpoint
     try:
         for m in layers:
             m._gradient_checkpointing_func = profiling
         torch.utils.checkpoint.checkpoint = profiling
-        forward()
+        run()
     finally:
         torch.utils.checkpoint.checkpoint = checkpoint_fn
         for m, fn in zip(layers, saved):
             m._gradient_checkpointing_func = fn
-    if not profiles:
-        raise RuntimeError(
-            "torch_sac.profile_layers: forward() checkpointed no region through "
-            "torch.utils.checkpoint.checkpoint or a layer of the model that Hugging Face's "
-            "gradient_checkpointing_enable() set up. Enable checkpointing on the model (in "
-            "training mode), or call torch.utils.checkpoint.checkpoint through the module "
-            "attribute, not a name imported before.")
     return profiles
 
 

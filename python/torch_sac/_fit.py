@@ -219,10 +219,11 @@ class _Regions:
                 child.__dict__.pop("forward", None)
 
     def checkpoint_functions(self) -> List[Any]:
-        """Where the regions call the checkpoint: Hugging Face's layers'
-        `_gradient_checkpointing_func`, or the Sequential's children."""
+        """Hugging Face's layers, whose `_gradient_checkpointing_func`
+        checkpoints them (a Sequential's children call the checkpoint through
+        its module attribute)."""
         if self.kind == "sequential":
-            return list(self.model)
+            return []
         return [m for m in self.model.modules() if hasattr(m, "_gradient_checkpointing_func")]
 
 
@@ -265,40 +266,13 @@ class _Checkpointed:
 
 
 def _profile(regions: _Regions, step: Callable[[], Any], runs: int) -> List[Any]:
-    """Each layer's profile, in the order the step runs them: the step runs
-    with each layer profiled instead of checkpointed, and goes on with its
-    output detached, so that only one layer's plain graph is alive at once."""
-    from . import profile, _CHECKPOINT_KEYWORDS
-    profiles: List[Any] = []
-
-    def profiling(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        for keyword in _CHECKPOINT_KEYWORDS:
-            kwargs.pop(keyword, None)
-        result: List[Any] = []
-
-        def region() -> Any:
-            out = fn(*args, **kwargs)
-            if not result:
-                result.append(out)
-            return out
-        profiles.append(profile(region, runs))
-        return torch.utils._pytree.tree_map_only(
-            torch.Tensor, lambda t: t.detach().requires_grad_(t.requires_grad), result[0])
-
-    regions.enable(lambda: None)  # switched on; the checkpoint function is replaced below
-    checkpoint_fn = torch.utils.checkpoint.checkpoint
-    hf = regions.kind != "sequential"
-    layers = regions.checkpoint_functions() if hf else []
-    saved = [m._gradient_checkpointing_func for m in layers]
+    """Each layer's profile, in the order the step runs them, with no more
+    than one layer's plain graph alive at once."""
+    from . import _profile_regions
+    regions.enable(lambda: None)  # on; the checkpoint functions are replaced while profiling
     try:
-        for m in layers:
-            m._gradient_checkpointing_func = profiling
-        torch.utils.checkpoint.checkpoint = profiling
-        step()
+        profiles = _profile_regions(regions.checkpoint_functions(), step, runs, 0, detach=True)
     finally:
-        torch.utils.checkpoint.checkpoint = checkpoint_fn
-        for m, fn in zip(layers, saved):
-            m._gradient_checkpointing_func = fn
         regions.disable()
     if not profiles:
         raise RuntimeError("sac.fit: the step ran none of the model's layers. Give the step "

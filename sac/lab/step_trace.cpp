@@ -42,29 +42,13 @@ namespace {
 
 // Hears the step: c10's memory reports (allocations and frees, from any
 // thread), this thread's region events and op calls.
-class Tracer final : public torch::profiler::impl::ProfilerStateBase,
-                     public detail::RegionEvents,
-                     public detail::OpObserver {
+class Tracer final : public MemoryListener, public detail::RegionEvents, public detail::OpObserver {
  public:
-  explicit Tracer(c10::Device device)
-      : ProfilerStateBase(
-            torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::Disabled)),
-        device_(device) {}
+  explicit Tracer(c10::Device device) : MemoryListener(device) {}
 
-  // ---- torch::profiler::impl::ProfilerStateBase ----------------------------
+  // ---- MemoryListener --------------------------------------------------------
 
-  torch::profiler::impl::ActiveProfilerType profilerType() override {
-    return torch::profiler::impl::ActiveProfilerType::NONE;
-  }
-
-  bool memoryProfilingEnabled() const override { return true; }
-
-  void reportMemoryUsage(void* ptr, int64_t bytes, size_t /*total_allocated*/,
-                         size_t /*total_reserved*/, c10::Device device) override {
-    if (device.type() != device_.type() ||
-        (device_.has_index() && device.index() != device_.index()) || bytes == 0) {
-      return;
-    }
+  void heard(void* ptr, int64_t bytes) override {
     std::lock_guard<std::mutex> lock(mutex_);
     watch_held(ptr, bytes);
     if (bytes > 0) {
@@ -352,7 +336,6 @@ class Tracer final : public torch::profiler::impl::ProfilerStateBase,
     std::weak_ptr<const void> holder;
   };
 
-  const c10::Device device_;
   std::vector<Held> held_;   // inputs held by frames, not yet freed
   std::vector<Save> saves_;  // forwards' saves autograd still holds
   std::mutex mutex_;         // the trace's events, allocations, live_, held_ and saves_
@@ -368,6 +351,23 @@ class Tracer final : public torch::profiler::impl::ProfilerStateBase,
 };
 
 }  // namespace
+
+MemoryListener::MemoryListener(c10::Device device)
+    : ProfilerStateBase(
+          torch::profiler::impl::ProfilerConfig(torch::profiler::impl::ProfilerState::Disabled)),
+      device_(device) {}
+
+torch::profiler::impl::ActiveProfilerType MemoryListener::profilerType() {
+  return torch::profiler::impl::ActiveProfilerType::NONE;
+}
+
+void MemoryListener::reportMemoryUsage(void* ptr, int64_t bytes, size_t /*total_allocated*/,
+                                       size_t /*total_reserved*/, c10::Device device) {
+  if (device.type() == device_.type() &&
+      (!device_.has_index() || device.index() == device_.index()) && bytes != 0) {
+    heard(ptr, bytes);
+  }
+}
 
 std::vector<int64_t> StepTrace::live() const {
   std::vector<int64_t> live(events.size());

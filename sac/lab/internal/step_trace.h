@@ -14,6 +14,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
+#include <torch/csrc/profiler/orchestration/observer.h>
 #include <c10/util/SmallVector.h>
 
 #include <cstddef>
@@ -95,6 +96,24 @@ struct StepTrace {
 
   // Live bytes after each event, over the step's start.
   std::vector<int64_t> live() const;
+};
+
+// Sits in the thread's profiler slot as a disabled profiler (Note [The
+// step's memory shares the profiler's slot], step_trace.cpp) and hears
+// c10's memory reports of `device`'s allocator, from any thread.
+class MemoryListener : public torch::profiler::impl::ProfilerStateBase {
+ public:
+  explicit MemoryListener(c10::Device device);
+  torch::profiler::impl::ActiveProfilerType profilerType() override;
+  bool memoryProfilingEnabled() const override { return true; }
+  void reportMemoryUsage(void* ptr, int64_t bytes, size_t total_allocated, size_t total_reserved,
+                         c10::Device device) final;
+
+ protected:
+  // An allocation (bytes > 0) or a free (bytes < 0) of the device's.
+  virtual void heard(void* ptr, int64_t bytes) = 0;
+
+  const c10::Device device_;
 };
 
 // Runs `step` with `listener` in the thread's profiler slot, where c10
