@@ -75,3 +75,23 @@ for budget in [phases.peak(), (phases.peak() + phases.plain_peak) // 2, phases.p
     assert measured == plan.predicted_peak <= budget, (budget, measured, plan.predicted_peak)
 print(f"torch_sac: peak plans measured by sac itself at their predictions (full recomputation "
       f"{phases.peak()} bytes, plain {phases.plain_peak})")
+
+# The one call, from the wheel alone: a step fitted into 70% of its peak.
+mlp = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.GELU(),
+                                                torch.nn.Linear(128, 32)) for _ in range(4)])
+data = torch.randn(1024, 32)
+sgd = torch.optim.SGD(mlp.parameters(), lr=0.1, momentum=0.9)
+
+
+def train():
+    sgd.zero_grad()
+    mlp(data).square().mean().backward()
+    sgd.step()
+
+
+fitted = sac.fit(mlp, train, peak=0.7)
+fitted.apply(mlp)
+measured = fitted.check(train)
+assert measured == fitted.predicted_peak <= fitted.peak_budget, (measured, fitted.predicted_peak)
+print(f"torch_sac: sac.fit, from the wheel: {fitted.predicted_peak} bytes predicted and measured, "
+      f"within {fitted.peak_budget} (70% of the plain step's {fitted.plain_peak})")
