@@ -276,12 +276,15 @@ class _HeardForward:
                 getattr(hooks[0], "__module__", None) != "torch.utils.checkpoint":
             return  # not PyTorch's checkpoint: the region stays unheard
         local = frame.f_locals
-        if _closes_over_tensors(local.get("fn"), local.get("kwargs")):
+        if any(name not in local for name in ("fn", "args", "kwargs", "preserve_rng_state")) or \
+                (local["preserve_rng_state"] and "fwd_cpu_state" not in local):
+            return  # another release's checkpoint, whose frame sac does not know: unheard
+        if _closes_over_tensors(local["fn"], local["kwargs"]):
             return  # held by the checkpoint's closure: when the program lets go is not seen
         mode, (pack, unpack) = self._mode, hooks
         # The checkpoint holds each tensor argument through one saved tensor,
         # and the generator states it took through its closure alone.
-        for t in local.get("args", ()):
+        for t in local["args"]:
             if isinstance(t, torch.Tensor):
                 mode._hear_input(t, 1)
         states = [local.get("fwd_cpu_state")] + list(local.get("fwd_device_states") or [])
