@@ -231,11 +231,17 @@ def _contexts(policy: Policy, allow_cache_entry_mutation: bool,
     return forward, recompute
 
 
+# The function of PyTorch's non-reentrant checkpoint whose frame holds its
+# arguments (2.14 and 2.15 moved its body into the _impl it calls).
+_CHECKPOINT_FRAMES = ("_checkpoint_without_reentrant_generator_impl",
+                      "_checkpoint_without_reentrant_generator")
+
+
 def _checkpoint_frame() -> Any:
     """The Python frame of the torch.utils.checkpoint call asking for
     contexts now, or None if it is not PyTorch's non-reentrant checkpoint."""
     frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_name != "_checkpoint_without_reentrant_generator":
+    while frame is not None and frame.f_code.co_name not in _CHECKPOINT_FRAMES:
         frame = frame.f_back
     return frame
 
