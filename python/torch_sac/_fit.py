@@ -299,7 +299,7 @@ class _State:
         def before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
             if all(o is not optimizer for o, _ in seen):
                 seen.append((optimizer, copy.deepcopy(optimizer.state_dict())))
-        return _Hook(register_optimizer_step_pre_hook(before_step))
+        return register_optimizer_step_pre_hook(before_step)  # removed on exit
 
     def restore(self) -> None:
         with torch.no_grad():
@@ -311,14 +311,3 @@ class _State:
         for optimizer, state in self.optimizers:
             optimizer.load_state_dict(copy.deepcopy(state))
         torch.set_rng_state(self.rng)
-
-
-class _Hook:
-    def __init__(self, handle: Any) -> None:
-        self.handle = handle
-
-    def __enter__(self) -> None:
-        pass
-
-    def __exit__(self, *exception: Any) -> None:
-        self.handle.remove()

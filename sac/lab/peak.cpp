@@ -102,6 +102,14 @@ Changes changes_of(const StepTrace& trace, const std::vector<std::vector<SavedCa
     }
   };
   std::unordered_set<size_t> served;  // allocations of served calls
+  // What events [begin, end) allocate does not happen.
+  auto serve = [&](size_t begin, size_t end) {
+    for (size_t e = begin; e < end; ++e) {
+      if (trace.events[e].delta > 0) {
+        served.insert(trace.events[e].allocation);
+      }
+    }
+  };
   // Inputs of regions left unchecked: freed where the program and autograd
   // let go of them, not the frame (then no earlier than held).
   std::unordered_map<size_t, size_t> dropped;
@@ -124,11 +132,7 @@ Changes changes_of(const StepTrace& trace, const std::vector<std::vector<SavedCa
         hold(save.allocation, save.released);
       }
       if (region.recompute_begin != kNever) {
-        for (size_t e = region.recompute_begin; e < region.recompute_end; ++e) {
-          if (trace.events[e].delta > 0) {
-            served.insert(trace.events[e].allocation);
-          }
-        }
+        serve(region.recompute_begin, region.recompute_end);
       }
       for (const detail::HeldInput& input : region.inputs) {
         const size_t plain_free =
@@ -171,11 +175,7 @@ Changes changes_of(const StepTrace& trace, const std::vector<std::vector<SavedCa
         }
         continue;
       }
-      for (size_t e = recomputed->begin; e < recomputed->end; ++e) {
-        if (trace.events[e].delta > 0) {
-          served.insert(trace.events[e].allocation);
-        }
-      }
+      serve(recomputed->begin, recomputed->end);
       for (size_t i = 0; i < recomputed->outputs.size(); ++i) {
         const size_t mine = i < forward->outputs.size() ? forward->outputs[i] : kNever;
         const size_t theirs = recomputed->outputs[i];
@@ -462,6 +462,22 @@ StepPhases::StepPhases(std::shared_ptr<const detail::StepTrace> trace)
     phase.peak = phase_peak(live_, phase);
   }
   phases_ = std::move(phases);
+  // The plain step's peak, predicted once where every region was heard whole.
+  const auto& regions = trace_->regions;
+  for (size_t r = 0; r < regions.size(); ++r) {
+    if (!regions[r].heard_whole) {
+      why_no_plain_peak_ =
+          "region " + std::to_string(r) +
+          "'s frame did not tell the measured step what it saves and holds (a region of "
+          "PyTorch's checkpoint, or a sac::CheckpointRegion), so how it runs plainly is not "
+          "predicted; give the plain step's peak (with_plain_peak)";
+      return;
+    }
+  }
+  plain_peak_ =
+      simulate(*trace_, changes_of(*trace_, std::vector<std::vector<SavedCall>>(regions.size()),
+                                   std::vector<bool>(regions.size(), false)))
+          .peak;
 }
 
 const std::vector<StepPhase>& StepPhases::phases() const { return phases_; }
@@ -476,36 +492,9 @@ int64_t StepPhases::peak() const {
   return peak;
 }
 
-std::optional<int64_t> StepPhases::plain_peak() const {
-  if (plain_peak_given_) {
-    return plain_peak_;
-  }
-  const auto& regions = trace_->regions;
-  for (size_t r = 0; r < regions.size(); ++r) {
-    if (!regions[r].heard_whole) {
-      return std::nullopt;
-    }
-  }
-  return simulate(*trace_, changes_of(*trace_, std::vector<std::vector<SavedCall>>(regions.size()),
-                                      std::vector<bool>(regions.size(), false)))
-      .peak;
-}
+std::optional<int64_t> StepPhases::plain_peak() const { return plain_peak_; }
 
-std::string StepPhases::why_no_plain_peak() const {
-  if (plain_peak_given_) {
-    return why_no_plain_peak_;
-  }
-  const auto& regions = trace_->regions;
-  for (size_t r = 0; r < regions.size(); ++r) {
-    if (!regions[r].heard_whole) {
-      return "region " + std::to_string(r) +
-             "'s frame did not tell the measured step what it saves and holds (a region of "
-             "PyTorch's checkpoint, or a sac::CheckpointRegion), so how it runs plainly is not "
-             "predicted; give the plain step's peak (with_plain_peak)";
-    }
-  }
-  return "";
-}
+const std::string& StepPhases::why_no_plain_peak() const { return why_no_plain_peak_; }
 
 StepPhases StepPhases::with_plain_peak(std::optional<int64_t> plain_peak,
                                        std::string why_not) const {
@@ -515,7 +504,6 @@ StepPhases StepPhases::with_plain_peak(std::optional<int64_t> plain_peak,
   TORCH_CHECK(plain_peak.has_value() || !why_not.empty(),
               "sac::StepPhases::with_plain_peak: say why there is no plain peak.");
   StepPhases out = *this;
-  out.plain_peak_given_ = true;
   out.plain_peak_ = plain_peak;
   out.why_no_plain_peak_ = plain_peak.has_value() ? "" : std::move(why_not);
   return out;

@@ -130,7 +130,7 @@ class StepPhases {
   // checkpoint, sac::CheckpointRegion) and none was given; why_no_plain_peak
   // says why.
   std::optional<int64_t> plain_peak() const;
-  std::string why_no_plain_peak() const;
+  const std::string& why_no_plain_peak() const;
   // The same step with another plain peak (or none, and why): on ranks, the
   // most any rank has, so that every rank plans alike; for regions of
   // PyTorch's checkpoint, the plain step's measured peak.
@@ -171,7 +171,8 @@ class StepPhases {
   std::shared_ptr<const detail::StepTrace> trace_;
   std::vector<int64_t> live_;  // after each event
   std::vector<StepPhase> phases_;
-  bool plain_peak_given_ = false;  // by with_plain_peak
+  // Predicted at construction where every region was heard whole, or given
+  // by with_plain_peak.
   std::optional<int64_t> plain_peak_;
   std::string why_no_plain_peak_;
 };
