@@ -28,7 +28,7 @@
 // or .ci/policy_lab with the same flags. A policy is a preset (nothing,
 // everything, compute_intensive, dots, dots_no_batch, torchtitan,
 // matmuls+attention), an op list (ops:aten::addmm+aten::mm), or a budget
-// (budget:0.3 of what saving everything keeps, or budget:4MiB, budget:4096).
+// (budget:0.3 of what the blocks keep without checkpointing, or budget:4MiB, budget:4096).
 // Exit status 0 only if every point's gradients are bit-identical.
 #include <sac/sac.h>
 #include <sac/policy/presets.h>
@@ -65,7 +65,7 @@ ABSL_FLAG(std::vector<std::string>, policies,
 ABSL_FLAG(std::vector<std::string>, sweep,
           std::vector<std::string>({"0", "0.1", "0.2", "0.3", "0.4", "0.5", "0.6", "0.7", "0.8",
                                     "0.9", "1"}),
-          "budgets of the frontier, as fractions of what saving everything keeps");
+          "budgets of the frontier, as fractions of what the blocks keep without checkpointing");
 ABSL_FLAG(int64_t, peak_points, 6,
           "peak budgets from full recomputation's peak to saving everything's: a plan for "
           "each (sac::StepPhases::plan_for_peak), its peak predicted and measured");
@@ -358,7 +358,7 @@ void plan_for_peaks(const sac::StepPhases& phases, const std::vector<sac::Region
   out << "budget,predicted_peak,measured_peak,recompute_ms,gap_ms\n";
   const int64_t low = phases.peak();
   const int64_t high = phases.predict_peak(
-      sac::budgeted_plan(profiles, sac::Budget::fraction(1.0), std::nullopt, false));
+      sac::budgeted_plan(profiles, sac::Budget::of_everything_saveable(1.0), std::nullopt, false));
   std::printf("\nplans for a peak budget (sac::StepPhases::plan_for_peak):\n%14s %14s %14s "
               "%16s %14s %10s\n",
               "budget MiB", "predicted MiB", "measured MiB", "recompute ms", "gap ms", "solve ms");

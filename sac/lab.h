@@ -2,7 +2,8 @@
 // calls cost, what a policy does with them, the plan of least recomputation
 // under a budget of bytes or of a training step's peak.
 //
-//   sac::RegionProfile profile = sac::profile([&] { block->forward(x); });
+//   sac::RegionProfile profile = sac::profile([&] { return block->forward(x); });
+//   // Keep at most half of what the region keeps without checkpointing.
 //   sac::Policy policy = sac::budgeted_policy(profile, sac::Budget::fraction(0.5));
 //   std::cout << sac::explain(policy, [&] { block->forward(x); });
 //

@@ -59,10 +59,10 @@ TEST_F(Statistics, EqualCountedBytesAndExplainedCalls) {
   torch::manual_seed(7);
   const sac::RegionProfile profile = sac::profile([&] { block->forward(x); }, 1);
   const int64_t none = run(sac::CheckpointOptions().policy(sac::nothing_saveable()));
-  for (const auto& policy :
-       {sac::everything_saveable(), sac::nothing_saveable(), sac::compute_intensive_ops(),
-        sac::dots_saveable(),
-        sac::budgeted_policy(profile, sac::Budget::fraction(0.4), std::nullopt, false)}) {
+  for (const auto& policy : {sac::everything_saveable(), sac::nothing_saveable(),
+                             sac::compute_intensive_ops(), sac::dots_saveable(),
+                             sac::budgeted_policy(profile, sac::Budget::of_everything_saveable(0.4),
+                                                  std::nullopt, false)}) {
     SCOPED_TRACE(policy.describe());
     // The calls the policy decides about, as profiled.
     int64_t decided_bytes = 0;

@@ -102,13 +102,13 @@ void expect_exact(Regions& model) {
   const auto profiles = model.profiles();
   for (const double fraction : {0.25, 0.5, 1.0}) {
     SCOPED_TRACE(fraction);
-    const auto plan =
-        sac::budgeted_plan(profiles, sac::Budget::fraction(fraction), std::nullopt, false);
+    const auto plan = sac::budgeted_plan(profiles, sac::Budget::of_everything_saveable(fraction),
+                                         std::nullopt, false);
     EXPECT_EQ(phases.predict_peak(plan), model.measured_peak(plan.policies));
   }
   const int64_t low = phases.peak();
   const int64_t high = phases.predict_peak(
-      sac::budgeted_plan(profiles, sac::Budget::fraction(1), std::nullopt, false));
+      sac::budgeted_plan(profiles, sac::Budget::of_everything_saveable(1), std::nullopt, false));
   for (int i = 0; i <= 4; ++i) {
     const int64_t budget = low + (high - low) * i / 4;
     SCOPED_TRACE(budget);

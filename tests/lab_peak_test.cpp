@@ -157,8 +157,8 @@ TEST_F(Peak, PredictedPeakIsTheMeasuredPeak) {
   std::vector<int64_t> peaks;
   for (int percent = 0; percent <= 100; percent += 10) {
     SCOPED_TRACE(percent);
-    const auto plan =
-        sac::budgeted_plan(profiles, sac::Budget::fraction(percent / 100.0), std::nullopt, false);
+    const auto plan = sac::budgeted_plan(
+        profiles, sac::Budget::of_everything_saveable(percent / 100.0), std::nullopt, false);
     const int64_t predicted = phases.predict_peak(plan);
     EXPECT_EQ(predicted, model.measured_peak(plan.policies));
     peaks.push_back(predicted);
@@ -176,7 +176,7 @@ TEST_F(Peak, PlansForAPeakBudgetFitIt) {
   const auto profiles = model.profiles();
   const int64_t low = phases.peak();
   const int64_t high = phases.predict_peak(
-      sac::budgeted_plan(profiles, sac::Budget::fraction(1), std::nullopt, false));
+      sac::budgeted_plan(profiles, sac::Budget::of_everything_saveable(1), std::nullopt, false));
   double last_recompute = std::numeric_limits<double>::infinity();
   size_t exact = 0;
   for (int i = 0; i <= 8; ++i) {
@@ -217,7 +217,7 @@ TEST_F(Peak, APeakBudgetThePlainStepFitsRecomputesNothing) {
   ASSERT_TRUE(phases.plain_peak().has_value()) << phases.why_no_plain_peak();
   const int64_t plain = *phases.plain_peak();
   const auto profiles = model.profiles();
-  const sac::BudgetedPlan unchecked = sac::budgeted_plan(profiles, sac::Budget::of_plain(1));
+  const sac::BudgetedPlan unchecked = sac::budgeted_plan(profiles, sac::Budget::fraction(1));
   ASSERT_EQ(std::count(unchecked.checkpointed.begin(), unchecked.checkpointed.end(), true), 0);
   EXPECT_EQ(phases.predict_peak(unchecked), plain);
   EXPECT_EQ(model.loop_peak(unchecked.policies), plain);
@@ -226,7 +226,7 @@ TEST_F(Peak, APeakBudgetThePlainStepFitsRecomputesNothing) {
   for (int tenths = 1; tenths < 10; ++tenths) {
     SCOPED_TRACE(tenths);
     const sac::BudgetedPlan plan =
-        sac::budgeted_plan(profiles, sac::Budget::of_plain(tenths / 10.0));
+        sac::budgeted_plan(profiles, sac::Budget::fraction(tenths / 10.0));
     const auto checkpointed = std::count(plan.checkpointed.begin(), plan.checkpointed.end(), true);
     mixed += checkpointed > 0 && checkpointed < 4 ? 1 : 0;
     EXPECT_EQ(model.loop_peak(plan.policies), phases.predict_peak(plan));
@@ -234,7 +234,7 @@ TEST_F(Peak, APeakBudgetThePlainStepFitsRecomputesNothing) {
   EXPECT_GT(mixed, 0U);
   const int64_t low = phases.peak();
   const int64_t high = phases.predict_peak(
-      sac::budgeted_plan(profiles, sac::Budget::fraction(1), std::nullopt, false));
+      sac::budgeted_plan(profiles, sac::Budget::of_everything_saveable(1), std::nullopt, false));
   // Full recomputation peaks lower than the plain step, which peaks lower
   // than keeping every call: the budgets between are the ones in question.
   std::cout << "peaks: full recomputation " << low << ", plain " << plain << ", every call kept "
@@ -392,8 +392,8 @@ void follow_changing_lengths(Model& model, const std::function<int64_t()>& budge
 int64_t mid_budget(Model& model) {
   model.set_length(48);
   const sac::StepPhases longest = measure_full_recomputation(model);
-  const int64_t everything = longest.predict_peak(
-      sac::budgeted_plan(model.profiles(), sac::Budget::fraction(1), std::nullopt, false));
+  const int64_t everything = longest.predict_peak(sac::budgeted_plan(
+      model.profiles(), sac::Budget::of_everything_saveable(1), std::nullopt, false));
   return (longest.peak() + everything) / 2;
 }
 
@@ -474,8 +474,8 @@ TEST_F(Peak, APlanForOtherRegionsIsAClearError) {
   Model model;
   const sac::StepPhases phases = measure_full_recomputation(model);
   const auto profiles = model.profiles();
-  const auto plan = sac::budgeted_plan({profiles[0], profiles[1]}, sac::Budget::fraction(0.5),
-                                       std::nullopt, false);
+  const auto plan = sac::budgeted_plan(
+      {profiles[0], profiles[1]}, sac::Budget::of_everything_saveable(0.5), std::nullopt, false);
   const std::string message = sac_test::error_of([&] { phases.predict_peak(plan); });
   EXPECT_NE(message.find("ran 4 regions, but the plan has 2 policies"), std::string::npos)
       << message;

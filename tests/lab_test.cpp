@@ -206,7 +206,8 @@ TEST_F(Lab, BudgetedPolicyKeepsWhatItPredictsWithinItsBudget) {
   const Outcome none = run(block, x, sac::nothing_saveable());
   for (const double fraction : {0.0, 0.1, 0.25, 0.5, 0.75, 1.0}) {
     SCOPED_TRACE(fraction);
-    const auto plan = sac::budgeted_plan({p}, sac::Budget::fraction(fraction), std::nullopt, false);
+    const auto plan =
+        sac::budgeted_plan({p}, sac::Budget::of_everything_saveable(fraction), std::nullopt, false);
     EXPECT_TRUE(plan.exact);
     EXPECT_LE(plan.saved_bytes, plan.budget_bytes);
     const Outcome out = run(block, x, plan.policies[0]);
@@ -244,7 +245,8 @@ TEST_F(Lab, TheRecomputationRunsOnlyTheCallsBeforeItsStop) {
   const auto expected = run_and_grad([&] { return region(x); }, {x, w1, w2}, {}, 7);
   for (const double fraction : {0.0, 0.3, 0.6, 1.0}) {
     SCOPED_TRACE(fraction);
-    const auto plan = sac::budgeted_plan({p}, sac::Budget::fraction(fraction), std::nullopt, false);
+    const auto plan =
+        sac::budgeted_plan({p}, sac::Budget::of_everything_saveable(fraction), std::nullopt, false);
     for (const auto& kept : plan.saved_calls[0]) {
       for (const auto& call : p.calls()) {
         EXPECT_FALSE(call.op == kept.op && call.call == kept.call && call.past_stop)
@@ -263,7 +265,8 @@ TEST_F(Lab, TheRecomputationRunsOnlyTheCallsBeforeItsStop) {
     expect_bit_identical(expected, out);
     EXPECT_EQ(stats->read().calls_rerun, sac_examples::predicted_reruns(p, plan.saved_calls[0]));
   }
-  const auto all = sac::budgeted_plan({p}, sac::Budget::fraction(1.0), std::nullopt, false);
+  const auto all =
+      sac::budgeted_plan({p}, sac::Budget::of_everything_saveable(1.0), std::nullopt, false);
   EXPECT_EQ(all.recompute_seconds, 0.0);
   EXPECT_EQ(all.saved_calls[0].size(), 2u) << "the first mm and tanh; nothing past the stop";
 
@@ -287,7 +290,8 @@ TEST_F(Lab, AGptBlocksRecomputationRunsWhatThePlanPredicts) {
   EXPECT_FALSE(p.calls().front().past_stop);
   for (const double fraction : {0.0, 0.1, 0.25, 0.5, 0.75, 1.0}) {
     SCOPED_TRACE(fraction);
-    const auto plan = sac::budgeted_plan({p}, sac::Budget::fraction(fraction), std::nullopt, false);
+    const auto plan =
+        sac::budgeted_plan({p}, sac::Budget::of_everything_saveable(fraction), std::nullopt, false);
     auto stats = std::make_shared<sac::RegionStatistics>();
     torch::manual_seed(7);
     const at::Tensor y = sac::checkpoint(
@@ -338,7 +342,8 @@ TEST_F(Lab, CallsSharingAStorageAreSavedTogether) {
   const int64_t none = kept_by(sac::nothing_saveable(), &grads);
   for (const double fraction : {0.0, 0.2, 0.4, 0.6, 0.8, 1.0}) {
     SCOPED_TRACE(fraction);
-    const auto plan = sac::budgeted_plan({p}, sac::Budget::fraction(fraction), std::nullopt, false);
+    const auto plan =
+        sac::budgeted_plan({p}, sac::Budget::of_everything_saveable(fraction), std::nullopt, false);
     EXPECT_LE(plan.saved_bytes, plan.budget_bytes);
     EXPECT_EQ(kept_by(plan.policies[0], &grads) - none, plan.saved_bytes);
     expect_bit_identical(expected, grads);
@@ -390,7 +395,8 @@ TEST_F(Lab, WhatTheRegionReturnsIsTheCallers) {
   const int64_t none = kept_by(sac::nothing_saveable(), &grads);
   for (const double fraction : {0.5, 1.0}) {
     SCOPED_TRACE(fraction);
-    const auto plan = sac::budgeted_plan({p}, sac::Budget::fraction(fraction), std::nullopt, false);
+    const auto plan =
+        sac::budgeted_plan({p}, sac::Budget::of_everything_saveable(fraction), std::nullopt, false);
     EXPECT_EQ(kept_by(plan.policies[0], &grads) - none, plan.saved_bytes);
     expect_bit_identical(expected, grads);
   }
@@ -518,7 +524,7 @@ TEST_F(Lab, BudgetsOfThePlainStepAreSavingsAgainstNotCheckpointing) {
   for (int step = 0; step <= 10; ++step) {
     const double fraction = step / 10.0;
     SCOPED_TRACE(fraction);
-    const auto plan = sac::budgeted_plan(profiles, sac::Budget::of_plain(fraction));
+    const auto plan = sac::budgeted_plan(profiles, sac::Budget::fraction(fraction));
     EXPECT_LE(static_cast<double>(plan.budget_bytes), fraction * static_cast<double>(plain));
     EXPECT_GT(static_cast<double>(plan.budget_bytes + 1), fraction * static_cast<double>(plain));
     // The same plan as the budget in bytes.
@@ -534,12 +540,12 @@ TEST_F(Lab, BudgetsOfThePlainStepAreSavingsAgainstNotCheckpointing) {
       EXPECT_GT(plan.recompute_seconds, 0);
     }
   }
-  const std::string outside = sac_test::error_of([] { sac::Budget::of_plain(1.5); });
+  const std::string outside = sac_test::error_of([] { sac::Budget::fraction(1.5); });
   EXPECT_NE(outside.find("in [0, 1]; got 1.5"), std::string::npos) << outside;
   // A profile made by hand has no plain bytes to be a fraction of.
   const sac::RegionProfile by_hand(profiles[0].calls());
   const std::string unmeasured =
-      sac_test::error_of([&] { sac::budgeted_plan({by_hand}, sac::Budget::of_plain(0.5)); });
+      sac_test::error_of([&] { sac::budgeted_plan({by_hand}, sac::Budget::fraction(0.5)); });
   EXPECT_NE(unmeasured.find("plain_bytes() is -1"), std::string::npos) << unmeasured;
 }
 
@@ -687,8 +693,8 @@ TEST_F(Lab, TwelveBlocksAreSolvedExactly) {
   }
   for (const double fraction : {0.05, 0.2, 0.5, 0.8}) {
     for (const bool unchecked : {false, true}) {
-      const auto plan =
-          sac::budgeted_plan(profiles, sac::Budget::fraction(fraction), std::nullopt, unchecked);
+      const auto plan = sac::budgeted_plan(profiles, sac::Budget::of_everything_saveable(fraction),
+                                           std::nullopt, unchecked);
       EXPECT_TRUE(plan.exact) << fraction << (unchecked ? ", unchecked regions" : "");
       EXPECT_LE(plan.saved_bytes, plan.budget_bytes);
     }
@@ -734,8 +740,9 @@ TEST_F(Lab, OneBudgetAcrossRegions) {
   GptBlock a(64, 4, 0.0), b(64, 4, 0.0);
   const at::Tensor x = torch::randn({2, 16, 64}, torch::requires_grad());
   const at::Tensor h = a->forward(x).detach().requires_grad_();
-  const auto plan = sac::budgeted_plan({profile_of(a, x), profile_of(b, h)},
-                                       sac::Budget::fraction(0.4), std::nullopt, false);
+  const auto plan =
+      sac::budgeted_plan({profile_of(a, x), profile_of(b, h)},
+                         sac::Budget::of_everything_saveable(0.4), std::nullopt, false);
   ASSERT_EQ(plan.policies.size(), 2u);
   const Outcome none_a = run(a, x, sac::nothing_saveable());
   const Outcome none_b = run(b, h, sac::nothing_saveable());
@@ -758,7 +765,7 @@ TEST_F(Lab, ExplainReportsWhatTheCachingModeDoes) {
   for (const auto& policy :
        {sac::everything_saveable(), sac::compute_intensive_ops(), sac::dots_saveable(),
         sac::Policy::save_ops({"aten::mm", "aten::addmm"}),
-        sac::budgeted_policy(p, sac::Budget::fraction(0.3), std::nullopt, false)}) {
+        sac::budgeted_policy(p, sac::Budget::of_everything_saveable(0.3), std::nullopt, false)}) {
     SCOPED_TRACE(policy.describe());
     torch::manual_seed(7);
     const sac::Explanation e = sac::explain(policy, [&] { block->forward(x); });

@@ -28,14 +28,17 @@ std::string printed(const Printable& value, Args... args) {
 }
 
 // Exactly one of the three, as sac::Budget takes it.
-Budget budget_of(std::optional<int64_t> bytes, std::optional<double> of_plain,
-                 std::optional<double> fraction) {
-  TORCH_CHECK(int{bytes.has_value()} + int{of_plain.has_value()} + int{fraction.has_value()} == 1,
-              "sac: give the budget as bytes=..., as of_plain=... (a fraction of what the "
-              "regions keep unchecked) or as fraction=... (of what saving every keepable call "
+Budget budget_of(std::optional<int64_t> bytes, std::optional<double> fraction,
+                 std::optional<double> of_everything_saveable) {
+  TORCH_CHECK(int{bytes.has_value()} + int{fraction.has_value()} +
+                      int{of_everything_saveable.has_value()} ==
+                  1,
+              "sac: give the budget as bytes=..., as fraction=... (of what the regions keep "
+              "unchecked) or as of_everything_saveable=... (of what saving every keepable call "
               "keeps), exactly one of them.");
   if (bytes) return Budget::bytes(*bytes);
-  return of_plain ? Budget::of_plain(*of_plain) : Budget::fraction(*fraction);
+  return fraction ? Budget::fraction(*fraction)
+                  : Budget::of_everything_saveable(*of_everything_saveable);
 }
 
 RegionProfile::SortBy sort_by(const std::string& name) {
@@ -196,22 +199,23 @@ void add_lab(py::module_& m) {
   m.def(
       "budgeted_plan",
       [](const std::vector<RegionProfile>& profiles, std::optional<int64_t> bytes,
-         std::optional<double> of_plain, std::optional<double> fraction, bool unchecked_regions) {
-        return budgeted_plan(profiles, budget_of(bytes, of_plain, fraction), std::nullopt,
-                             unchecked_regions);
+         std::optional<double> fraction, std::optional<double> of_everything_saveable,
+         bool unchecked_regions) {
+        return budgeted_plan(profiles, budget_of(bytes, fraction, of_everything_saveable),
+                             std::nullopt, unchecked_regions);
       },
       py::arg("profiles"), py::kw_only(), py::arg("bytes") = py::none(),
-      py::arg("of_plain") = py::none(), py::arg("fraction") = py::none(),
+      py::arg("fraction") = py::none(), py::arg("of_everything_saveable") = py::none(),
       py::arg("unchecked_regions") = true);
   m.def(
       "budgeted_policy",
-      [](const RegionProfile& profile, std::optional<int64_t> bytes, std::optional<double> of_plain,
-         std::optional<double> fraction, bool unchecked_regions) {
-        return budgeted_policy(profile, budget_of(bytes, of_plain, fraction), std::nullopt,
-                               unchecked_regions);
+      [](const RegionProfile& profile, std::optional<int64_t> bytes, std::optional<double> fraction,
+         std::optional<double> of_everything_saveable, bool unchecked_regions) {
+        return budgeted_policy(profile, budget_of(bytes, fraction, of_everything_saveable),
+                               std::nullopt, unchecked_regions);
       },
       py::arg("profile"), py::kw_only(), py::arg("bytes") = py::none(),
-      py::arg("of_plain") = py::none(), py::arg("fraction") = py::none(),
+      py::arg("fraction") = py::none(), py::arg("of_everything_saveable") = py::none(),
       py::arg("unchecked_regions") = true);
 
   py::class_<ExplainedCall>(m, "ExplainedCall", "One call, the policy's answer and its fate.")

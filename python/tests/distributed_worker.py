@@ -138,7 +138,7 @@ def plan_policies(setup, model_name):
     model = build(setup, model_name, noop_context_fn, checkpoint_fn=profiling)
     model(**batch(setup, 0))  # with autograd recording, as the step runs
     return [sac.any_of([p, sac.never_recompute_collectives()])
-            for p in sac.budgeted_plan(profiles, fraction=0.5, unchecked_regions=False).policies]
+            for p in sac.budgeted_plan(profiles, of_everything_saveable=0.5, unchecked_regions=False).policies]
 
 
 CONTEXT_FNS = {

@@ -50,7 +50,7 @@ def test_the_recomputation_runs_only_the_calls_before_its_stop():
     assert [(c.op, c.past_stop) for c in p.calls] == [
         ("aten::mm", False), ("aten::tanh", False), ("aten::mm", True),
         ("aten::add.Tensor", True)]
-    plan = sac.budgeted_plan([p], fraction=1.0, unchecked_regions=False)
+    plan = sac.budgeted_plan([p], of_everything_saveable=1.0, unchecked_regions=False)
     assert plan.recompute_seconds == 0
     e = sac.explain(plan.policies[0], lambda: region(x))
     assert [(c.profile.op, c.profile.call) for c in e.calls if c.outcome == "saved"] == [
@@ -76,7 +76,7 @@ def test_an_unchecked_region_runs_plainly_under_pytorchs_checkpoint():
     def region(h):
         return h.mm(w).tanh().exp()
 
-    policy = sac.budgeted_policy(sac.profile(lambda: region(x)), fraction=1.0)
+    policy = sac.budgeted_policy(sac.profile(lambda: region(x)), of_everything_saveable=1.0)
     assert not policy.checkpoints
     stats = sac.RegionStatistics()
     out = checkpoint(region, x, use_reentrant=False,
@@ -160,7 +160,7 @@ def test_a_budget_is_bytes_or_a_fraction():
     args = leaves()
     p = sac.profile(lambda: block(*args), runs=1)
     with pytest.raises(RuntimeError, match="exactly one"):
-        sac.budgeted_policy(p, bytes=100, fraction=0.5)
+        sac.budgeted_policy(p, bytes=100, of_everything_saveable=0.5)
     with pytest.raises(RuntimeError, match="exactly one"):
         sac.budgeted_policy(p)
 
@@ -255,8 +255,8 @@ def test_a_plan_is_never_worse_than_not_checkpointing(architecture, counting):
     rng_state = torch.get_rng_state().nbytes
     assert kept_plain - (kept_full - rng_state) == profile.plain_bytes
     for fraction in [0.25, 0.5, 0.75, 1.0]:
-        before = sac.budgeted_plan([profile], fraction=fraction, unchecked_regions=False)
-        plan = sac.budgeted_plan([profile], fraction=fraction)
+        before = sac.budgeted_plan([profile], of_everything_saveable=fraction, unchecked_regions=False)
+        plan = sac.budgeted_plan([profile], of_everything_saveable=fraction)
         assert plan.saved_bytes <= plan.budget_bytes
         if plan.budget_bytes >= profile.plain_bytes:
             assert plan.checkpointed == [False] and not plan.policies[0].checkpoints
@@ -271,21 +271,21 @@ def test_a_plan_is_never_worse_than_not_checkpointing(architecture, counting):
         # recompute (the views and in-place calls the fallback key sees).
         if before.saved_bytes >= profile.plain_bytes and before.recompute_seconds > 1e-9:
             assert plan.recompute_seconds == 0
-    # Budgets stated against not checkpointing: of_plain=1.0 is the plain
-    # step; below it the step keeps less than the plain step, counted.
-    for of_plain in [0.5, 1.0]:
-        plan = sac.budgeted_plan([profile], of_plain=of_plain)
-        assert plan.budget_bytes == int(of_plain * profile.plain_bytes)
+    # A fraction is of not checkpointing: fraction=1.0 is the plain step;
+    # below it the step keeps less than the plain step, counted.
+    for fraction in [0.5, 1.0]:
+        plan = sac.budgeted_plan([profile], fraction=fraction)
+        assert plan.budget_bytes == int(fraction * profile.plain_bytes)
         assert plan.saved_bytes <= plan.budget_bytes
         got, kept = whole_model_step(model, batch, count=counting,
                                      context_fn=sac.context_fn(plan.policies[0]))
-        models.assert_identical(got, expected, f"of_plain={of_plain}")
-        if of_plain == 1.0:
+        models.assert_identical(got, expected, f"fraction={fraction}")
+        if fraction == 1.0:
             assert plan.checkpointed == [False] and kept == kept_plain
         else:
             assert plan.checkpointed == [True] and kept < kept_plain
     with pytest.raises(RuntimeError, match="exactly one of them"):
-        sac.budgeted_plan([profile], of_plain=0.5, fraction=0.5)
+        sac.budgeted_plan([profile], fraction=0.5, of_everything_saveable=0.5)
 
 
 @pytest.mark.parametrize("architecture", [models.gpt2, models.llama, models.bart],
@@ -301,7 +301,7 @@ def test_a_budgeted_policy_keeps_its_plan_exactly(architecture, fraction, counti
     # loss's bytes (the caller holds them).
     assert [c for c in profile.calls if c.returned], "no call made the returned loss"
     assert "returned" in profile.table()
-    plan = sac.budgeted_plan([profile], fraction=fraction, unchecked_regions=False)
+    plan = sac.budgeted_plan([profile], of_everything_saveable=fraction, unchecked_regions=False)
     policy = plan.policies[0]
     assert plan.exact and plan.saved_bytes <= plan.budget_bytes
 

@@ -95,7 +95,7 @@ def test_peak_plans_hold_their_budgets(architecture):
     profiled = profiles(model, batch)
     assert len(profiled) == phases.regions
     low = phases.peak()
-    high = phases.predict_peak(sac.budgeted_plan(profiled, fraction=1.0, unchecked_regions=False))
+    high = phases.predict_peak(sac.budgeted_plan(profiled, of_everything_saveable=1.0, unchecked_regions=False))
     last = float("inf")
     for i in range(5):
         budget = low + (high - low) * i // 4
@@ -198,7 +198,7 @@ def test_the_plain_step_is_predicted_where_sac_hears_every_region(architecture):
     profiled = profiles(model, batch)
     mixed = 0
     for tenths in range(11):
-        plan = sac.budgeted_plan(profiled, of_plain=tenths / 10)
+        plan = sac.budgeted_plan(profiled, fraction=tenths / 10)
         mixed += 0 < sum(plan.checkpointed) < len(plan.checkpointed)
         planned = checkpointed(model, sac.in_order(plan.policies))
         run(planned, batch)

@@ -94,14 +94,15 @@ Budget Budget::bytes(int64_t bytes) {
   return Budget(Of::Bytes, bytes, 0);
 }
 
-Budget Budget::of_plain(double fraction) {
+Budget Budget::fraction(double fraction) {
   return Budget(Of::Plain, 0,
-                checked_fraction(fraction, "of_plain", "the bytes the regions keep unchecked"));
+                checked_fraction(fraction, "fraction", "the bytes the regions keep unchecked"));
 }
 
-Budget Budget::fraction(double fraction) {
+Budget Budget::of_everything_saveable(double fraction) {
   return Budget(Of::Everything, 0,
-                checked_fraction(fraction, "fraction", "the bytes everything_saveable() keeps"));
+                checked_fraction(fraction, "of_everything_saveable",
+                                 "the bytes everything_saveable() keeps"));
 }
 
 int64_t Budget::resolve(int64_t plain, int64_t everything) const {
@@ -112,9 +113,11 @@ int64_t Budget::resolve(int64_t plain, int64_t everything) const {
     case Of::Bytes: return bytes_;
     case Of::Plain:
       TORCH_CHECK(plain >= 0,
-                  "sac::Budget::of_plain: a profile did not measure what its region keeps "
-                  "unchecked (RegionProfile::plain_bytes() is -1: a profile made by hand). "
-                  "Profile each region with sac::profile, or give the budget in bytes.");
+                  "sac::Budget::fraction: a profile did not measure what its region keeps "
+                  "unchecked (RegionProfile::plain_bytes() is -1: a profile made by hand, or "
+                  "of a region that returns nothing, whose graph dies with its output). "
+                  "Profile each region with sac::profile of a function that returns its "
+                  "outputs, or give the budget in bytes or of_everything_saveable.");
       return part(plain);
     case Of::Everything: return part(everything);
   }

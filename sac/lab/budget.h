@@ -1,7 +1,7 @@
 // Budgeted policies: from profiles, keep the op calls that spare the most
 // recomputation time within a memory budget, exactly.
 //
-//   auto p = sac::profile([&] { block->forward(x); });
+//   auto p = sac::profile([&] { return block->forward(x); });
 //   auto policy = sac::budgeted_policy(p, sac::Budget::fraction(0.3));
 //   auto y = sac::checkpoint(sac::CheckpointOptions().policy(policy), fn, x);
 //
@@ -48,19 +48,22 @@
 namespace sac {
 
 // A byte budget: absolute, or a fraction of what the regions keep not
-// checkpointed, or of what saving every cacheable call keeps.
+// checkpointed. A fraction is always of not checkpointing, here as in a
+// peak (sac.fit's peak=0.6); a budget of what everything_saveable() keeps
+// has its own name.
 class Budget {
  public:
   static Budget bytes(int64_t bytes);
   // `fraction` in [0, 1] of what the regions keep unchecked (the sum of
   // their profiles' plain_bytes): the step without checkpointing keeps 1.0,
   // and a plan at 1.0 leaves every region unchecked where it may. Every
-  // profile must have measured its plain bytes (sac::profile does).
-  static Budget of_plain(double fraction);
+  // profile must have measured its plain bytes (sac::profile of a region
+  // that returns its outputs does).
+  static Budget fraction(double fraction);
   // `fraction` in [0, 1] of the profiles' keepable bytes (what
   // everything_saveable() keeps, 1.6 to 1.9 times the plain bytes on
-  // Hugging Face's models).
-  static Budget fraction(double fraction);
+  // Hugging Face's models), for experiments on the calls alone.
+  static Budget of_everything_saveable(double fraction);
 
   // The budget in bytes for regions that keep `plain` unchecked (-1: not
   // measured) and `everything` when every keepable call is saved.

@@ -342,7 +342,8 @@ PeakPlan cheapest_plan_that_fits(const StepPhases& step, const std::vector<Regio
                                  int64_t peak_bytes, std::optional<OffloadCost> offload,
                                  size_t grid) {
   const int64_t everything =
-      budgeted_plan(profiles, Budget::fraction(1.0), std::nullopt, false).budget_bytes;
+      budgeted_plan(profiles, Budget::of_everything_saveable(1.0), std::nullopt, false)
+          .budget_bytes;
   PeakPlan best;
   best.peak_budget = peak_bytes;
   size_t tried = 0;
@@ -435,7 +436,8 @@ double least_cost_that_fits(const StepTrace& trace, const std::vector<int64_t>& 
   double bound = everything_seconds;
   if (!live.empty()) {
     bound = std::min(bound, bound_at(simulate(trace, changes_of(trace, best.saved_calls)).at));
-    const BudgetedPlan all = budgeted_plan(profiles, Budget::fraction(1.0), offload, false);
+    const BudgetedPlan all =
+        budgeted_plan(profiles, Budget::of_everything_saveable(1.0), offload, false);
     bound = std::min(bound, bound_at(simulate(trace, changes_of(trace, all.saved_calls)).at));
   }
   double least = -bound;

@@ -798,7 +798,7 @@ std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
   check("nothing kept", nothing, phases.peak(), std::nullopt);
   // Nothing checkpointed: predicted from the same trace.
   {
-    const sac::BudgetedPlan unchecked = sac::budgeted_plan(profiles, sac::Budget::of_plain(1.0));
+    const sac::BudgetedPlan unchecked = sac::budgeted_plan(profiles, sac::Budget::fraction(1.0));
     check("every region unchecked", unchecked.policies, phases.predict_peak(per_run(m, unchecked)),
           std::nullopt);
     if (verbose) {
@@ -824,7 +824,8 @@ std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
   // gradients are the plain step's.
   for (int i = 0; i < 2; ++i) {
     const double fraction = static_cast<double>(pick(rng, 0, 10)) / 10.0;
-    const sac::BudgetedPlan plan = sac::budgeted_plan(profiles, sac::Budget::fraction(fraction));
+    const sac::BudgetedPlan plan =
+        sac::budgeted_plan(profiles, sac::Budget::of_everything_saveable(fraction));
     const std::string what = "byte plan with unchecked regions at " + std::to_string(fraction);
     for (size_t r = 0; r < regions; ++r) {
       int64_t kept = 0;
@@ -844,8 +845,8 @@ std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
   // Random byte budgets, every region checkpointed.
   for (int i = 0; i < 2; ++i) {
     const double fraction = static_cast<double>(pick(rng, 0, 10)) / 10.0;
-    const sac::BudgetedPlan plan =
-        sac::budgeted_plan(profiles, sac::Budget::fraction(fraction), std::nullopt, false);
+    const sac::BudgetedPlan plan = sac::budgeted_plan(
+        profiles, sac::Budget::of_everything_saveable(fraction), std::nullopt, false);
     const std::string what = "byte plan at " + std::to_string(fraction);
     check(what, plan.policies,
           predicted_or_refused([&] { return phases.predict_peak(per_run(m, plan)); }),
@@ -856,7 +857,8 @@ std::vector<std::string> run_case(uint64_t seed, Tally& tally, bool verbose) {
   // Random peak budgets, ascending: measured under each, cost never rising.
   const int64_t low = phases.peak();
   const int64_t high = phases.predict_peak(
-      per_run(m, sac::budgeted_plan(profiles, sac::Budget::fraction(1.0), std::nullopt, false)));
+      per_run(m, sac::budgeted_plan(profiles, sac::Budget::of_everything_saveable(1.0),
+                                    std::nullopt, false)));
   std::vector<int64_t> budgets{low};
   for (int i = 0; i < 3; ++i) {
     budgets.push_back(low + pick(rng, 0, std::max<int64_t>(0, high - low) + 64));
