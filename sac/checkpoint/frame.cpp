@@ -74,11 +74,15 @@ class ForwardHooks final : public torch::autograd::SavedVariableHooks {
                          "modified by an inplace operation: a tensor saved inside a "
                          "checkpointed region is at version ",
                          version.current_version(), "; expected version ", version.version(),
-                         " instead. Autograd would raise this error without checkpointing too. "
-                         "Inside a checkpointed region it usually means that the function "
-                         "modifies a tensor in place after an op used it, often the argument "
-                         "of a nested sac::checkpoint: clone the argument before modifying it "
-                         "(a.add_(1) -> a = a + 1), or modify it outside the region.");
+                         " instead. Autograd raises this error without checkpointing too, "
+                         "unless the change is a checkpointed region's recomputation writing a "
+                         "tensor from outside again (with the values it had): sac tells those "
+                         "apart only where that region's outside-tensor check is on, so turn "
+                         "it on where .outside_tensor_check(false) was given. Otherwise it "
+                         "usually means that the function modifies a tensor in place after an "
+                         "op used it, often the argument of a nested sac::checkpoint: clone the "
+                         "argument before modifying it (a.add_(1) -> a = a + 1), or modify it "
+                         "outside the region.");
   }
 
   std::shared_ptr<CheckpointFrame> frame_;

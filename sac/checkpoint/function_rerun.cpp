@@ -47,7 +47,9 @@ class FunctionRerun::RerunPass final : public Recomputation::Pass {
   void run() override {
     std::optional<detail::ObserverGuard> watch;
     std::optional<InPlaceReadsScope> in_place_reads;
+    std::optional<OutsideTensorWatch::KeptHistories> histories;
     if (rerun_.outside_tensors_) {
+      histories.emplace(*rerun_.outside_tensors_);
       watch.emplace(rerun_.outside_tensors_->recompute_observer());
       in_place_reads.emplace(rerun_.outside_tensors_->recompute_observer());
     }

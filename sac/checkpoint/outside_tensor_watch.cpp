@@ -4,6 +4,8 @@
 #include <sac/dispatch/internal/boxed.h>
 #include <sac/policy/internal/op_traits.h>
 
+#include <torch/csrc/autograd/variable.h>
+
 namespace sac::detail {
 namespace {
 
@@ -51,10 +53,8 @@ OutsideTensorWatch::OutsideTensorWatch() {
 }
 
 OutsideTensorWatch::~OutsideTensorWatch() {
-  for (const auto& [identity, seen] : seen_) {
-    if (seen.origin == Origin::kOverwritten) {
-      forget_overwritten_by_region(identity);
-    }
+  for (const void* identity : written_) {
+    forget_written_by_region(identity);
   }
 }
 
@@ -65,8 +65,37 @@ void OutsideTensorWatch::note(const at::Tensor& t, Origin origin) {
     return;
   }
   seen_.emplace(identity, Seen{ReadWatch(t), origin});
-  if (origin == Origin::kOverwritten) {
-    note_overwritten_by_region(identity);
+}
+
+void OutsideTensorWatch::note_written(const at::Tensor& t) {
+  const void* identity = version_counter_identity(t.unsafeGetTensorImpl()->version_counter());
+  const auto it = seen_.find(identity);
+  if (identity == nullptr || (it != seen_.end() && it->second.origin == Origin::kMade) ||
+      !written_.insert(identity).second) {
+    return;
+  }
+  note_written_by_region(identity);
+  // Autograd keeps a written view's history at its base.
+  const at::TensorBase& whole = t.is_view() ? t._base() : t;
+  histories_.emplace_back(c10::weak_intrusive_ptr<c10::TensorImpl>(
+      c10::intrusive_ptr<c10::TensorImpl>::reclaim_copy(whole.unsafeGetTensorImpl())));
+}
+
+OutsideTensorWatch::KeptHistories::KeptHistories(const OutsideTensorWatch& watch) {
+  for (const auto& weak : watch.histories_) {
+    if (c10::intrusive_ptr<c10::TensorImpl> impl = weak.lock()) {
+      at::Tensor t(std::move(impl));
+      torch::autograd::Edge history(t.grad_fn(), static_cast<uint32_t>(t.output_nr()));
+      kept_.push_back({std::move(t), std::move(history)});
+    }
+  }
+}
+
+OutsideTensorWatch::KeptHistories::~KeptHistories() {
+  for (const Kept& k : kept_) {
+    if (k.tensor.grad_fn() != k.history.function) {
+      torch::autograd::impl::set_gradient_edge(k.tensor, k.history);
+    }
   }
 }
 
@@ -84,16 +113,20 @@ void OutsideTensorWatch::Noter::before_op(const detail::ObservedOp& call,
   // it holds, from then on, what the region wrote: the recomputation writes
   // it again before reading it, and reads what the forward read. It is the
   // region's own, as a tensor the region made is. (Written in part, or
-  // read first, it stays outside and is checked.) Other regions that read
-  // it watch its bytes (Note [Rewritten by a recomputation]).
+  // read first, it stays outside and is checked.) Whatever the region
+  // writes of a tensor from outside, whole or in part, is written again by
+  // the recomputation: the reads of it, the region's own later ones and
+  // other regions', watch its bytes (Note [Rewritten by a recomputation]).
   for (size_t i = 0; i < args.size(); ++i) {
-    if (detail::writes_argument(op, i, args) && detail::overwrites_argument(op, i)) {
-      detail::for_each_tensor(args[i], [&](const at::Tensor& t) {
-        if (detail::spans_storage(t)) {
-          watch_.note(t, Origin::kOverwritten);
-        }
-      });
+    if (!detail::writes_argument(op, i, args)) {
+      continue;
     }
+    detail::for_each_tensor(args[i], [&](const at::Tensor& t) {
+      if (detail::overwrites_argument(op, i) && detail::spans_storage(t)) {
+        watch_.note(t, Origin::kOverwritten);
+      }
+      watch_.note_written(t);
+    });
   }
 }
 

@@ -8,19 +8,19 @@ namespace sac::detail {
 namespace {
 
 // Regions note and forget on the threads that run and free them.
-struct Overwritten {
+struct Written {
   std::mutex mutex;
   std::unordered_map<const void*, size_t> counts;
   std::atomic<size_t> size{0};  // read without the lock: usually 0
 };
 
-Overwritten& overwritten() {
-  static Overwritten* const instance = new Overwritten();  // used until exit
+Written& written() {
+  static Written* const instance = new Written();  // used until exit
   return *instance;
 }
 
-bool overwritten_by_region(const void* counter) {
-  Overwritten& all = overwritten();
+bool written_by_region(const void* counter) {
+  Written& all = written();
   if (counter == nullptr || all.size.load(std::memory_order_acquire) == 0) {
     return false;
   }
@@ -30,18 +30,18 @@ bool overwritten_by_region(const void* counter) {
 
 }  // namespace
 
-void note_overwritten_by_region(const void* counter) {
-  Overwritten& all = overwritten();
+void note_written_by_region(const void* counter) {
+  Written& all = written();
   const std::lock_guard<std::mutex> lock(all.mutex);
   ++all.counts[counter];
   all.size.store(all.counts.size(), std::memory_order_release);
 }
 
-void forget_overwritten_by_region(const void* counter) {
-  Overwritten& all = overwritten();
+void forget_written_by_region(const void* counter) {
+  Written& all = written();
   const std::lock_guard<std::mutex> lock(all.mutex);
   const auto it = all.counts.find(counter);
-  TORCH_INTERNAL_ASSERT(it != all.counts.end(), "sac: an overwritten tensor was forgotten twice");
+  TORCH_INTERNAL_ASSERT(it != all.counts.end(), "sac: a written tensor was forgotten twice");
   if (--it->second == 0) {
     all.counts.erase(it);
   }
@@ -49,7 +49,7 @@ void forget_overwritten_by_region(const void* counter) {
 }
 
 ReadWatch::ReadWatch(const at::Tensor& t) : version_(t) {
-  if (!t.has_storage() || !overwritten_by_region(version_.identity())) {
+  if (!t.has_storage() || !written_by_region(version_.identity())) {
     return;
   }
   ValueChecksum checksum = ValueChecksum::of_storage(t.storage());

@@ -15,14 +15,23 @@ const RecordedOp* recorded_op(const at::RecordFunction& fn) {
   if (it != by_pointer.end() && it->second->name == name) {
     return it->second;
   }
+  // By name and overload: a RecordFunction names an op without its
+  // overload (aten::mul for mul.Tensor and mul.out alike), and the two
+  // differ in what they write.
+  const std::optional<c10::OperatorName> op_name = fn.operator_name();
+  std::string key = name;
+  if (op_name.has_value()) {
+    key += '.';
+    key += op_name->overload_name;
+  }
   static std::mutex mutex;
   static std::unordered_map<std::string, std::unique_ptr<RecordedOp>> by_name;
   const std::lock_guard<std::mutex> lock(mutex);
-  std::unique_ptr<RecordedOp>& op = by_name[name];
+  std::unique_ptr<RecordedOp>& op = by_name[key];
   if (!op) {
     op = std::make_unique<RecordedOp>();
     op->name = name;
-    if (const auto op_name = fn.operator_name()) {
+    if (op_name.has_value()) {
       op->handle = c10::Dispatcher::singleton().findOp(*op_name);
     }
     if (op->handle.has_value() && op->handle->hasSchema()) {

@@ -78,7 +78,10 @@ class Generator {
       family();
     }
     choose_loss();
-    p_.second_backward = coin(0.15);
+    if (coin(0.2)) {
+      p_.backward = choice({Program::Backward::Twice, Program::Backward::SecondLoss,
+                            Program::Backward::SecondOrder});
+    }
     p_.offload_guard = coin(0.3) ? uniform(1, 3) : 0;
     choose_regions();
     return std::move(p_);
@@ -283,7 +286,7 @@ class Generator {
         {"modules", 7, &Generator::modules},
         {"scalar", 2, &Generator::scalar},
         {"inner_grad", 4, &Generator::inner_grad},
-        {"buffer", 2, &Generator::buffer},
+        {"buffer", 5, &Generator::buffer},
         {"host_data", 5, &Generator::host_data},
         {"overlap", 4, &Generator::overlap},
         {"drift", 2, &Generator::drift},
@@ -413,10 +416,27 @@ class Generator {
   }
 
   void view() {
-    switch (uniform(0, 4)) {
+    switch (uniform(0, 5)) {
       case 0: {
         const int a = canonical_value();
         reshape(a, shape(a) == s2() ? s3() : s2());
+        break;
+      }
+      case 5: {
+        // Two views of one base (the shape of splitting heads or a batch),
+        // which a region may take as two arguments.
+        const int a = pick(find([](const Value& v) {
+          return !v.shape.empty() && v.shape.back() >= 2 && v.leaf != Leaf::Buffer;
+        }));
+        auto first = shape(a), second = shape(a);
+        first.back() = (shape(a).back() + 1) / 2;
+        second.back() = shape(a).back() - first.back();
+        // Outputs of one multi-output view: autograd refuses in-place ops on
+        // them, and on their base while they are used.
+        Value one = view_of(a, first, false), other = view_of(a, second, false);
+        one.no_inplace = other.no_inplace = true;
+        p_.values[a].no_inplace = true;
+        emit(Op::Chunk, {a}, {one, other});
         break;
       }
       case 1: {
@@ -656,9 +676,15 @@ class Generator {
     // Written whole, then read, in any region (FSDP's gathered parameters, a
     // scratch buffer): a guard region keeps none of its memory, the replay
     // makes it anew; a function region's rerun writes it again.
+    // Whole (copy_, through a view, an out= op, with grad) or in part (a row):
+    // the recomputation writes it again (Note [Rewritten by a recomputation]).
+    // With grad or by an out= op, one or the other per program: an out= op
+    // refuses a buffer that has a history (the next iteration's).
     const int a = any_float();
-    emit(Op::BufferOverwrite, {p_.buffer, a}, {fval(shape(a), rg({a}), val(a).contiguous)},
-         {coin(0.5)});
+    if (buffer_with_grad_ < 0) buffer_with_grad_ = coin(0.3);
+    const int64_t how = choice<int64_t>({0, 1, buffer_with_grad_ ? 3 : 2, 4});
+    emit(Op::BufferOverwrite, {p_.buffer, a},
+         {fval(shape(a), rg({a}) || how == 3, val(a).contiguous)}, {how});
   }
 
   void host_data() {
@@ -852,7 +878,8 @@ class Generator {
   Program p_;
   int params_ = 0;
   int next_policy_key_ = 0;
-  std::set<int> saved_;  // storages autograd keeps for backward
+  std::set<int> saved_;        // storages autograd keeps for backward
+  int buffer_with_grad_ = -1;  // whether BufferOverwrite writes with grad (-1: undecided)
 };
 
 Program generate(uint64_t seed) { return Generator(seed, save_op_names().accepted).generate(); }

@@ -39,6 +39,7 @@ enum class Op {
   Reshape,
   TransposeMix,
   Narrow,
+  Chunk,
   SelectUnsqueeze,
   Expand,
   // in-place
@@ -104,6 +105,7 @@ std::pair<const char*, const char*> op_name(Op op) {
     case Op::TransposeMix:
       return {"transpose_copy", "a.transpose(0,1).clone(contiguous).transpose(0,1)"};
     case Op::Narrow: return {"narrow", "a.narrow(-1, start, length)"};
+    case Op::Chunk: return {"chunk", "a.chunk(2, -1): two views of one base"};
     case Op::SelectUnsqueeze: return {"select_unsqueeze", "a.select(0, index).unsqueeze(0)"};
     case Op::Expand: return {"expand", ""};
     case Op::FreshInplace: return {"fresh_inplace", ""};
@@ -133,7 +135,7 @@ std::pair<const char*, const char*> op_name(Op op) {
       return {"inner_grad", "autograd::grad(sum(sin(a) * b), a, create_graph=true)"};
     case Op::BufferMutate: return {"buffer_inplace", ""};
     case Op::BufferOverwrite:
-      return {"buffer_overwrite", "buf written whole (copy_ of a constant), then a * buf.mean()"};
+      return {"buffer_overwrite", "buf written (whole, or a row of it), then a * buf.mean()"};
     case Op::HostConst: return {"host_const", "a * c, c made from host data in the step"};
     case Op::Drift: return {"drift", "a * drift(a): a custom op whose scale grows with each call"};
     case Op::HostIndex:
@@ -222,8 +224,12 @@ struct Program {
   std::vector<Step> steps;
   std::vector<Region> regions;  // a parent before its children
   std::vector<ModuleSpec> modules;
-  std::vector<int> loss;         // value ids summed into the loss
-  bool second_backward = false;  // backward twice, the first retaining the graph
+  std::vector<int> loss;  // value ids summed into the loss
+  // How the loss is backwarded: once; twice, the first retaining the graph;
+  // then again for a second loss (the loss squared); or twice in order
+  // (first-order gradients with create_graph, then the gradient of the sum
+  // of their squares, with respect to the buffer too where it has a graph).
+  enum class Backward { Once, Twice, SecondLoss, SecondOrder } backward = Backward::Once;
   int buffer = -1;
   // The checkpointed run's forward inside a sac::OffloadGuard: 0 none; its
   // target takes 1 every tensor, 2 every tensor but the parameters (keep),
@@ -309,9 +315,14 @@ std::string Program::describe(const Step& s) const {
         << " dropout_p=" << s.reals[0];
       break;
     case Op::BufferMutate: o << (s.ints[0] ? " [buf.mul_(0.9)]" : " [buf.add_(0.25)]"); break;
-    case Op::BufferOverwrite:
-      o << (s.ints[0] ? " [buf.view(-1).copy_(...)]" : " [buf.copy_(...)]");
+    case Op::BufferOverwrite: {
+      const char* v[] = {"buf.copy_(a.detach().mean())", "buf.view(-1).copy_(a.detach().mean())",
+                         "at::mul_out(buf, c, c), c = a.detach().mean()",
+                         "buf.copy_(a.mean()) (with grad)",
+                         "buf.select(0, 0).copy_(a.detach().mean()) (in part)"};
+      o << " [" << v[s.ints[0]] << "]";
       break;
+    }
     case Op::FunctionGrad:
       o << " [outer" << (s.ints[0] ? " values" : "") << ", inner"
         << (s.ints[1] ? " saves mm/bmm" : "") << (s.ints[3] ? ", f checkpointed again" : "")
@@ -384,8 +395,10 @@ std::string Program::listing() const {
   std::ostringstream o;
   const char* guards[] = {"", " OffloadGuard(takes all)", " OffloadGuard(keeps params)",
                           " OffloadGuard(takes nothing)"};
+  const char* backward_names[] = {"", " second_backward(retain_graph)",
+                                  " second_loss(retain_graph)", " second_order(create_graph)"};
   o << "program " << seed << ": B=" << B << " T=" << T << " W=" << W << " H=" << H << " R=" << R
-    << (second_backward ? " second_backward(retain_graph)" : "") << guards[offload_guard] << "\n";
+    << backward_names[static_cast<int>(backward)] << guards[offload_guard] << "\n";
   o << "leaves:";
   for (const auto& v : values) {
     if (v.leaf == Leaf::None) continue;
@@ -434,22 +447,30 @@ std::set<int> storages_made_in(const Program& p, const Region& r) {
   return out;
 }
 
-// Storages the region reads but did not make. A buffer the region writes
-// whole before reading it (BufferOverwrite) holds what the region wrote: its
-// reads from then on are of the region's own values (Note [Overwritten
-// before read]).
-std::set<int> storages_read_by(const Program& p, const Region& r) {
-  std::set<int> out, overwritten;
+// Storages the region reads but did not make, each with the first step
+// whose modification of it comes after the region read it (a write of the
+// region's own later on included). A buffer the region writes whole before
+// reading it (BufferOverwrite) holds what the region wrote: its reads from
+// then on are of the region's own values (Note [Overwritten before read]).
+// Written in part (a row), the rest is read from outside, after the write.
+std::map<int, int> storages_read_by(const Program& p, const Region& r) {
+  std::map<int, int> out;
+  std::set<int> overwritten;
+  const auto read = [&](int storage, int modified_from) {
+    if (!overwritten.count(storage) && !out.count(storage)) out[storage] = modified_from;
+  };
   for (int i = r.begin; i < r.end; ++i) {
     const Step& s = p.steps[i];
     // A BufferOverwrite reads its other inputs before it writes the buffer.
     for (size_t k = s.op == Op::BufferOverwrite ? 1 : 0; k < s.in.size(); ++k) {
       const Value& v = p.values[s.in[k]];
-      if (v.def < r.begin && !overwritten.count(v.storage)) out.insert(v.storage);
+      if (v.def < r.begin) read(v.storage, i);
     }
     if (s.op == Op::BufferOverwrite) {
       const Value& buffer = p.values[s.in[0]];
-      if (buffer.def < r.begin && !out.count(buffer.storage)) overwritten.insert(buffer.storage);
+      if (buffer.def >= r.begin) continue;
+      if (s.ints[0] != 4 && !out.count(buffer.storage)) overwritten.insert(buffer.storage);
+      else read(buffer.storage, i + 1);
     }
   }
   return out;
@@ -483,12 +504,14 @@ bool modifies_region_output_later(const Program& p) {
 
 bool modifies_region_read_later(const Program& p) {
   for (const auto& r : p.regions) {
-    if (intersects(storages_read_by(p, r), storages_modified_from(p, r.begin))) return true;
+    for (const auto& [storage, from] : storages_read_by(p, r)) {
+      if (storages_modified_from(p, from).count(storage)) return true;
+    }
   }
   return false;
 }
 
-bool retains_graph(const Program& p) { return p.second_backward; }
+bool retains_graph(const Program& p) { return p.backward != Program::Backward::Once; }
 
 bool under_offload_guard(const Program& p) { return p.offload_guard != 0; }
 
@@ -517,24 +540,35 @@ bool has_inner_grad(const Program& p) {
 // a region (issue 36: FSDP's gathered parameters; issue 44: in function
 // regions too); issue 44's in-place op on a view that saves its output
 // before a double backward (an inner grad after the region), random ops
-// drawing in place under the value check, a catch of std::exception.
+// drawing in place under the value check, a catch of std::exception. Issue
+// 58's: a buffer written (whole, by an out= op, or in part) in a region
+// nested at depth 2 or 3, a second loss or a second-order gradient through
+// regions, views of one chunk taken by a region.
 std::string shapes_of_interest(const Program& p) {
   bool function_grad = false, batch_norm_values = false, overwritten = false;
   bool view_double = false, random_values = false, caught = false;
-  bool inner_grad_after = false;
+  bool inner_grad_after = false, chunk_in = false;
+  int written_depth = 0;
   for (const auto& s : p.steps) function_grad |= s.op == Op::FunctionGrad;
   for (const auto& r : p.regions) {
     bool norm = false, grad = false;
+    int depth = 1;
+    for (int parent = r.parent; parent >= 0; parent = p.regions[parent].parent) ++depth;
+    for (int id : r.ins) {
+      const int def = p.values[id].def;
+      chunk_in |= def >= 0 && p.steps[def].op == Op::Chunk;
+    }
     for (int i = r.begin; i < r.end; ++i) {
       norm |= p.steps[i].op == Op::BatchNormModule;
       grad |= p.steps[i].op == Op::InnerGrad;
       overwritten |= p.steps[i].op == Op::BufferOverwrite;
+      if (p.steps[i].op == Op::BufferOverwrite) written_depth = std::max(written_depth, depth);
       const Step& s = p.steps[i];
       const int v = s.op == Op::FreshInplace ? s.ints[0] : -1;
       inner_grad_after = false;
       for (size_t j = r.end; j < p.steps.size(); ++j)
         inner_grad_after |= p.steps[j].op == Op::InnerGrad;
-      view_double |= v >= 5 && v <= 8 && (inner_grad_after || p.second_backward);
+      view_double |= v >= 5 && v <= 8 && (inner_grad_after || retains_graph(p));
       random_values |= v >= 9 && v <= 12 && r.value_check;
       caught |= v == 13;
     }
@@ -547,6 +581,11 @@ std::string shapes_of_interest(const Program& p) {
   if (view_double) add("view-inplace-then-grad");
   if (random_values) add("random-inplace+values");
   if (caught) add("catch-in-region");
+  if (written_depth >= 2)
+    add(written_depth == 2 ? "buffer-written-at-depth-2" : "buffer-written-at-depth-3");
+  if (!p.regions.empty() && p.backward == Program::Backward::SecondLoss) add("second-loss");
+  if (!p.regions.empty() && p.backward == Program::Backward::SecondOrder) add("second-order");
+  if (chunk_in) add("chunk-into-region");
   return out;
 }
 
@@ -608,7 +647,9 @@ std::string features(const Program& p) {
   }
   if (modifies_region_output_later(p)) f.insert("region-output-modified-later");
   if (modifies_region_read_later(p)) f.insert("region-read-modified-later");
-  if (p.second_backward) f.insert("retain_graph");
+  if (p.backward == Program::Backward::Twice) f.insert("retain_graph");
+  if (p.backward == Program::Backward::SecondLoss) f.insert("second-loss");
+  if (p.backward == Program::Backward::SecondOrder) f.insert("second-order");
   if (p.offload_guard != 0) f.insert("offload-guard");
   std::string out;
   for (const auto& x : f) out += (out.empty() ? "" : " ") + x;

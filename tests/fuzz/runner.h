@@ -360,6 +360,12 @@ class Runner {
                    : in(0).transpose(0, 1).clone(at::MemoryFormat::Contiguous).transpose(0, 1));
         break;
       case Op::Narrow: set(0, in(0).narrow(-1, s.ints[0], s.ints[1])); break;
+      case Op::Chunk: {
+        const std::vector<at::Tensor> parts = in(0).chunk(2, -1);
+        set(0, parts[0]);
+        set(1, parts[1]);
+        break;
+      }
       case Op::SelectUnsqueeze: set(0, in(0).select(0, s.ints[0]).unsqueeze(0)); break;
       case Op::Expand: {
         auto e = in(0).expand(s.ints);
@@ -529,9 +535,15 @@ class Runner {
         break;
       case Op::BufferOverwrite: {
         const at::Tensor value = in(1).detach().mean();
-        if (s.ints[0]) in(0).view({-1}).copy_(value);
-        else in(0).copy_(value);
-        set(0, in(1) * in(0).mean());
+        at::Tensor buf = in(0);
+        switch (s.ints[0]) {
+          case 0: buf.copy_(value); break;
+          case 1: buf.view({-1}).copy_(value); break;
+          case 2: at::mul_out(buf, value.expand_as(buf), value.expand_as(buf)); break;
+          case 3: buf.copy_(in(1).mean()); break;
+          default: buf.select(0, 0).copy_(value); break;
+        }
+        set(0, in(1) * buf.mean());
         break;
       }
       // data from the host, views of one memory
@@ -591,6 +603,44 @@ struct RunResult {
   std::string error;
 };
 
+// The program's backward passes (Program::Backward) into `snap`.
+void backward(const Program& p, const Instance& inst, const at::Tensor& loss, Snapshot& snap) {
+  using Backward = Program::Backward;
+  const auto grad = [&](const at::Tensor& of, const std::vector<at::Tensor>& wrt, bool retain,
+                        bool create = false) {
+    return torch::autograd::grad({of}, wrt, {}, retain, create, /*allow_unused=*/true);
+  };
+  switch (p.backward) {
+    case Backward::Once: snap.grads = grad(loss, inst.targets, false); return;
+    case Backward::Twice:
+      snap.grads = grad(loss, inst.targets, true);
+      snap.second_grads = grad(loss, inst.targets, false);
+      return;
+    case Backward::SecondLoss:
+      snap.grads = grad(loss, inst.targets, true);
+      snap.second_grads = grad(loss * loss, inst.targets, false);
+      return;
+    case Backward::SecondOrder: {
+      const std::vector<at::Tensor> first = grad(loss, inst.targets, true, /*create=*/true);
+      at::Tensor squares;
+      for (const at::Tensor& g : first) {
+        snap.grads.push_back(g.defined() ? g.detach() : g);
+        if (g.defined() && g.requires_grad()) {
+          squares = squares.defined() ? squares + g.pow(2).sum() : g.pow(2).sum();
+        }
+      }
+      if (!squares.defined()) return;
+      // The buffer too where a write with grad gave it a history.
+      std::vector<at::Tensor> wrt = inst.targets;
+      if (p.buffer >= 0 && inst.leaves[p.buffer].requires_grad()) {
+        wrt.push_back(inst.leaves[p.buffer]);
+      }
+      snap.second_grads = grad(squares, wrt, false);
+      return;
+    }
+  }
+}
+
 RunResult run(const Program& p, bool checkpointed) {
   RunResult result;
   Instance inst(p);
@@ -605,14 +655,7 @@ RunResult run(const Program& p, bool checkpointed) {
       {
         at::Tensor loss = runner.forward();
         snap.loss = loss.detach().clone();
-        snap.grads =
-            torch::autograd::grad({loss}, inst.targets, {}, /*retain_graph=*/p.second_backward,
-                                  /*create_graph=*/false, /*allow_unused=*/true);
-        if (p.second_backward) {
-          snap.second_grads =
-              torch::autograd::grad({loss}, inst.targets, {}, /*retain_graph=*/false,
-                                    /*create_graph=*/false, /*allow_unused=*/true);
-        }
+        backward(p, inst, loss, snap);
       }
       torch::NoGradGuard no_grad;
       for (size_t i = 0; i < inst.targets.size(); ++i) {
@@ -670,6 +713,8 @@ std::optional<std::string> compare(const Snapshot& expected, const Snapshot& act
                                    const std::vector<std::string>& names) {
   if (!bit_equal(expected.loss, actual.loss))
     return "loss: " + diff_str(expected.loss, actual.loss);
+  // A second-order pass takes the buffer's gradient last, past the targets.
+  const auto name = [&](size_t i) { return i < names.size() ? names[i] : std::string("buf"); };
   for (int pass = 0; pass < 2; ++pass) {
     const auto& e = pass ? expected.second_grads : expected.grads;
     const auto& a = pass ? actual.second_grads : actual.grads;
@@ -677,11 +722,11 @@ std::optional<std::string> compare(const Snapshot& expected, const Snapshot& act
     if (e.size() != a.size()) return "number of gradients" + which + " differs";
     for (size_t i = 0; i < e.size(); ++i) {
       if (e[i].defined() != a[i].defined()) {
-        return "grad of " + names[i] + which + ": " + (e[i].defined() ? "undefined" : "defined") +
+        return "grad of " + name(i) + which + ": " + (e[i].defined() ? "undefined" : "defined") +
                " where the reference's is not";
       }
       if (e[i].defined() && !bit_equal(e[i], a[i])) {
-        return "grad of " + names[i] + which + ": " + diff_str(e[i], a[i]);
+        return "grad of " + name(i) + which + ": " + diff_str(e[i], a[i]);
       }
     }
   }

@@ -26,7 +26,11 @@
 #include <sac/checkpoint/internal/read_watch.h>
 #include <sac/dispatch/internal/interceptor.h>
 
+#include <torch/csrc/autograd/edge.h>
+
 #include <unordered_map>
+#include <unordered_set>
+#include <vector>
 
 namespace sac::detail {
 
@@ -34,7 +38,7 @@ class OutsideTensorWatch {
  public:
   // Makes sure every op an observer can see is intercepted (per-op kernels).
   OutsideTensorWatch();
-  // Forgets the tensors the forward overwrote (Note [Rewritten by a
+  // Forgets the tensors the forward wrote (Note [Rewritten by a
   // recomputation]): nothing can recompute them any more.
   ~OutsideTensorWatch();
   OutsideTensorWatch(const OutsideTensorWatch&) = delete;
@@ -50,6 +54,29 @@ class OutsideTensorWatch {
   // Whether the forward overwrote whole before any op read it, or made, the
   // tensors of version counter `counter` (Note [Overwritten before read]).
   bool owned_by_region(const void* counter) const;
+
+  // Note [A recomputation keeps their history]: a recomputation writes the
+  // tensors from outside that the forward overwrote again, and with grad,
+  // autograd gives each a new grad_fn, of the recomputation's graph. The
+  // graph backward runs is the forward's (saved tensors keep their
+  // forward's grad_fn), so a gradient with respect to such a tensor, or one
+  // through its history, would miss it: None where not checkpointing gives
+  // one. While alive, this puts back the grad_fn each tensor the forward
+  // wrote had before the recomputation, wherever the recomputation changed it.
+  class KeptHistories {
+   public:
+    explicit KeptHistories(const OutsideTensorWatch& watch);
+    ~KeptHistories();
+    KeptHistories(const KeptHistories&) = delete;
+    KeptHistories& operator=(const KeptHistories&) = delete;
+
+   private:
+    struct Kept {
+      at::Tensor tensor;
+      torch::autograd::Edge history;  // its grad_fn and output_nr
+    };
+    std::vector<Kept> kept_;
+  };
 
  private:
   enum class Origin {
@@ -82,8 +109,14 @@ class OutsideTensorWatch {
 
   // Notes `t` the first time its version counter is seen.
   void note(const at::Tensor& t, Origin origin);
+  // Notes that the region writes `t`, unless it made it.
+  void note_written(const at::Tensor& t);
 
   std::unordered_map<const void*, Seen> seen_;  // by version counter identity
+  // Tensors from outside that the forward wrote (whole or in part): their
+  // version counters, and the tensors (a view's base for a view) while alive.
+  std::unordered_set<const void*> written_;
+  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> histories_;
   Noter noter_{*this};
   Checker checker_{*this};
 };

@@ -1,21 +1,21 @@
 // Note [Rewritten by a recomputation]
 //
-// A tensor from outside that a region overwrites whole before reading it is
-// the region's own (Note [Overwritten before read]): each recomputation of
-// the region writes it again, with what the forward wrote, and bumps its
-// version. Another region that read it after the forward's write (nested
-// inside the first, or after it) finds a newer version when the first
-// region's recomputation runs before its own: the same values, which a
+// A tensor from outside that a region writes (whole, as a region's own:
+// Note [Overwritten before read]; or in part) is written again by each
+// recomputation of the region, with what the forward wrote, which bumps its
+// version. What read it after the forward's write (the region itself, a
+// region nested inside it or after it, autograd's saves of it) finds a newer
+// version when the region's recomputation has run: the same values, which a
 // check of versions alone would blame (FSDP's unsharded parameters, a
-// scratch buffer, a cache).
+// scratch buffer, a cache, a row of one written).
 //
-// So while a region can recompute, the tensors it overwrites are noted
-// here, and what another region reads of them (a read from outside, a saved
-// argument, a saved tensor) is watched by value too: a changed version whose
-// storage holds the same bytes is no change. A region that reads such a
-// tensor after something else wrote it (a write of the user's between the
-// two regions) reads other bytes in its recomputation, and is still caught.
-// Every other tensor is watched by its version alone, as autograd watches.
+// So while a region can recompute, the tensors it writes are noted here,
+// and what is read of them (a read from outside, a saved argument, a saved
+// tensor) is watched by value too: a changed version whose storage holds
+// the same bytes is no change. A read of such a tensor after something else
+// wrote it (a write of the user's between forward and backward) reads other
+// bytes in the recomputation, and is still caught. Every other tensor is
+// watched by its version alone, as autograd watches.
 #pragma once
 
 #include <sac/base/internal/version_watch.h>
@@ -28,14 +28,14 @@
 
 namespace sac::detail {
 
-// The tensors of version counter `counter` are overwritten by a region that
-// can recompute, until the matching forget (a count: nested regions each
-// note them).
-void note_overwritten_by_region(const void* counter);
-void forget_overwritten_by_region(const void* counter);
+// The tensors of version counter `counter` are written by a region that can
+// recompute, until the matching forget (a count: nested regions each note
+// them).
+void note_written_by_region(const void* counter);
+void forget_written_by_region(const void* counter);
 
 // Has what a region read changed since? Its version, and for a tensor a
-// region overwrites (noted above), the bytes of its storage.
+// region writes (noted above), the bytes of its storage.
 class ReadWatch {
  public:
   explicit ReadWatch(const at::Tensor& t);
@@ -44,7 +44,7 @@ class ReadWatch {
   bool changed() const;
   const VersionWatch& version() const { return version_; }
   const void* identity() const { return version_.identity(); }
-  // Whether it watches the bytes too (a tensor a region overwrites).
+  // Whether it watches the bytes too (a tensor a region writes).
   bool watches_bytes() const { return bytes_.has_value(); }
   // Watches from the counter's current version (and the storage's current
   // bytes) on.
