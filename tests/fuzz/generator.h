@@ -81,6 +81,9 @@ class Generator {
     if (coin(0.2)) {
       p_.backward = choice({Program::Backward::Twice, Program::Backward::SecondLoss,
                             Program::Backward::SecondOrder});
+    } else if (coin(0.3)) {
+      p_.loop = choice({Program::Loop::LeftInGrad, Program::Loop::ZeroedGrad,
+                        Program::Loop::Accumulate, Program::Loop::Adam});
     }
     p_.offload_guard = coin(0.3) ? uniform(1, 3) : 0;
     choose_regions();

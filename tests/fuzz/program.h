@@ -230,6 +230,12 @@ struct Program {
   // (first-order gradients with create_graph, then the gradient of the sum
   // of their squares, with respect to the buffer too where it has a graph).
   enum class Backward { Once, Twice, SecondLoss, SecondOrder } backward = Backward::Once;
+  // The training loop around a single backward: gradients taken by
+  // torch::autograd::grad and a step by hand; or left in .grad by
+  // backward() and zeroed after the step (to None, or to zeros); or
+  // accumulated over two micro-batches first; or stepped by Adam, whose
+  // state the first step makes.
+  enum class Loop { Grad, LeftInGrad, ZeroedGrad, Accumulate, Adam } loop = Loop::Grad;
   int buffer = -1;
   // The checkpointed run's forward inside a sac::OffloadGuard: 0 none; its
   // target takes 1 every tensor, 2 every tensor but the parameters (keep),
@@ -397,8 +403,12 @@ std::string Program::listing() const {
                           " OffloadGuard(takes nothing)"};
   const char* backward_names[] = {"", " second_backward(retain_graph)",
                                   " second_loss(retain_graph)", " second_order(create_graph)"};
+  const char* loop_names[] = {"", " loop(backward(), grads set to none)",
+                              " loop(backward(), grads zeroed)",
+                              " loop(two micro-batches accumulated)", " loop(Adam)"};
   o << "program " << seed << ": B=" << B << " T=" << T << " W=" << W << " H=" << H << " R=" << R
-    << backward_names[static_cast<int>(backward)] << guards[offload_guard] << "\n";
+    << backward_names[static_cast<int>(backward)] << loop_names[static_cast<int>(loop)]
+    << guards[offload_guard] << "\n";
   o << "leaves:";
   for (const auto& v : values) {
     if (v.leaf == Leaf::None) continue;
@@ -586,6 +596,12 @@ std::string shapes_of_interest(const Program& p) {
   if (!p.regions.empty() && p.backward == Program::Backward::SecondLoss) add("second-loss");
   if (!p.regions.empty() && p.backward == Program::Backward::SecondOrder) add("second-order");
   if (chunk_in) add("chunk-into-region");
+  if (!p.regions.empty() && p.loop == Program::Loop::Accumulate) add("micro-batches");
+  if (!p.regions.empty() && p.loop == Program::Loop::Adam) add("optimizer-state");
+  if (!p.regions.empty() &&
+      (p.loop == Program::Loop::LeftInGrad || p.loop == Program::Loop::ZeroedGrad)) {
+    add("grads-left");
+  }
   return out;
 }
 
@@ -650,6 +666,7 @@ std::string features(const Program& p) {
   if (p.backward == Program::Backward::Twice) f.insert("retain_graph");
   if (p.backward == Program::Backward::SecondLoss) f.insert("second-loss");
   if (p.backward == Program::Backward::SecondOrder) f.insert("second-order");
+  if (p.loop != Program::Loop::Grad) f.insert("training-loop");
   if (p.offload_guard != 0) f.insert("offload-guard");
   std::string out;
   for (const auto& x : f) out += (out.empty() ? "" : " ") + x;

@@ -641,17 +641,60 @@ void backward(const Program& p, const Instance& inst, const at::Tensor& loss, Sn
   }
 }
 
+// One iteration of a loop that leaves gradients in .grad (Program::Loop):
+// backward() once or over two micro-batches, the gradients as they are
+// then, a step, the gradients zeroed.
+void train_step(const Program& p, Instance& inst, Runner& runner,
+                std::optional<torch::optim::Adam>& adam, Snapshot& snap) {
+  using Loop = Program::Loop;
+  const int micro_batches = p.loop == Loop::Accumulate ? 2 : 1;
+  for (int m = 0; m < micro_batches; ++m) {
+    // A drift step's scale grows within a forward and its recomputation,
+    // and starts again with each forward (each micro-batch's too).
+    drift_calls.clear();
+    const at::Tensor loss = runner.forward();
+    if (m == 0) snap.loss = loss.detach().clone();
+    loss.backward();
+  }
+  for (const at::Tensor& t : inst.targets) {
+    snap.grads.push_back(t.grad().defined() ? t.grad().clone() : at::Tensor());
+  }
+  if (p.loop == Loop::Adam) {
+    if (!adam) adam.emplace(inst.params, torch::optim::AdamOptions(kLearningRate));
+    adam->step();
+  } else {
+    torch::NoGradGuard no_grad;
+    for (const at::Tensor& q : inst.params) {
+      if (q.grad().defined()) q.sub_(kLearningRate * q.grad());
+    }
+  }
+  for (const at::Tensor& t : inst.targets) {
+    if (!t.grad().defined()) continue;
+    if (p.loop == Loop::ZeroedGrad) {
+      t.mutable_grad().zero_();
+    } else {
+      t.mutable_grad() = at::Tensor();
+    }
+  }
+}
+
 RunResult run(const Program& p, bool checkpointed) {
   RunResult result;
   Instance inst(p);
   result.target_names = inst.target_names;
   Runner runner(p, inst, checkpointed);
+  std::optional<torch::optim::Adam> adam;
   for (int it = 0; it < kIterations; ++it) {
     try {
       // Identical in both runs, so random ops draw the same numbers.
       torch::manual_seed(p.seed + it);
       drift_calls.clear();
       Snapshot snap;
+      if (p.loop != Program::Loop::Grad) {
+        train_step(p, inst, runner, adam, snap);
+        result.iterations.push_back(std::move(snap));
+        continue;
+      }
       {
         at::Tensor loss = runner.forward();
         snap.loss = loss.detach().clone();
