@@ -151,8 +151,8 @@ std::vector<at::Tensor> two_losses(Write how, const sac::CheckpointOptions* opti
   };
   const at::Tensor y = options ? sac::checkpoint(*options, f, a) : f(a);
   // The out= op writes a's values without its graph.
-  const std::vector<at::Tensor> wrt = how == Write::OutOp ? std::vector<at::Tensor>{w}
-                                                           : std::vector<at::Tensor>{a, w};
+  const std::vector<at::Tensor> wrt =
+      how == Write::OutOp ? std::vector<at::Tensor>{w} : std::vector<at::Tensor>{a, w};
   auto grads = torch::autograd::grad({y.sum()}, wrt, {}, /*retain_graph=*/true);
   const auto second = torch::autograd::grad({(y * y).sum()}, wrt);
   grads.insert(grads.end(), second.begin(), second.end());

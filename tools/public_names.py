@@ -84,9 +84,10 @@ DOORS = [
     ("sac/nn/apply_activation_checkpointing.h", 4),
     ("sac/nn/checkpoint_sequential.h", 1),
     ("sac/nn/offload_wrapper.h", 4),
+    ("sac/nn/fit.h", 2),
 ]
 # All C++ doors together, and the Python package's __all__.
-CPP_BUDGET = 81
+CPP_BUDGET = 82
 PYTHON_BUDGET = 50
 
 

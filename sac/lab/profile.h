@@ -27,6 +27,8 @@
 // restore what the experiment needs before the runs it compares.
 #pragma once
 
+#include <sac/base/returned.h>
+
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/Device.h>
@@ -123,22 +125,6 @@ namespace detail {
 using ProfiledRegion = std::function<bool(std::vector<at::Tensor>& returned)>;
 RegionProfile profile_region(const ProfiledRegion& region, int runs, int warmup);
 
-inline void collect_returned(const at::Tensor& t, std::vector<at::Tensor>& out) {
-  out.push_back(t);
-}
-inline void collect_returned(const std::vector<at::Tensor>& ts, std::vector<at::Tensor>& out) {
-  out.insert(out.end(), ts.begin(), ts.end());
-}
-template <class... T>
-void collect_returned(const std::tuple<T...>& ts, std::vector<at::Tensor>& out) {
-  std::apply([&](const auto&... t) { (collect_returned(t, out), ...); }, ts);
-}
-template <class T>
-void collect_returned(const T&, std::vector<at::Tensor>&) {
-  static_assert(sizeof(T) == 0,
-                "sac::profile: the region returns a type sac reads no tensors from. Return "
-                "a tensor, a std::vector or std::tuple of tensors, or nothing.");
-}
 }  // namespace detail
 
 // Runs `region` `warmup` times unprofiled, then `runs` times profiled (see

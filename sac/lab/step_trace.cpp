@@ -302,8 +302,11 @@ class Tracer final : public MemoryListener, public detail::RegionEvents, public 
       }
       const size_t here = trace_.events.size();
       const TracedRegion& region = trace_.regions[it->region];
-      // The rest of the program let go of it: first seen after the forward.
+      // The rest of the program let go of it: first seen after the forward,
+      // while the frame holds it (once the frame let go, the handles left
+      // are the program's, whatever their number).
       if (input.dropped == kNever && region.forward_end != kNever && here >= region.forward_end &&
+          region.released == kNever &&
           it->impl.use_count() == static_cast<uint32_t>(it->frame_handles) &&
           (it->base.expired() || it->base.use_count() == 1) &&
           it->storage.use_count() == (it->base.expired() ? 1U : 2U)) {

@@ -20,6 +20,7 @@
 // new parameters later (reset(), a lazy module) must be wrapped after that.
 #pragma once
 
+#include <sac/base/returned.h>
 #include <sac/checkpoint/checkpoint.h>
 #include <sac/checkpoint/options.h>
 #include <sac/checkpoint/scope.h>
@@ -30,10 +31,12 @@
 #include <torch/nn/modules/container/any.h>
 #include <torch/nn/pimpl.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace sac {
 namespace detail {
@@ -50,6 +53,74 @@ inline CheckpointOptions options_or_scoped(const std::optional<CheckpointOptions
   return options;
 }
 
+class CheckpointWrapperBase;
+
+// The thread's sac::fit run (sac/nn/fit.h), which each wrapper's forward
+// asks: while sac::fit runs a step, the wrappers' regions run with the
+// options it gives, and hand it what profiles them.
+class FitSession {
+ public:
+  // The session on this thread, or null.
+  static FitSession* active();
+  // `wrapper`'s forward begins, with `options`; `run` runs its region (the
+  // module's forward on these arguments, plain) and returns its outputs.
+  // Returns the options to checkpoint it with.
+  virtual CheckpointOptions region(CheckpointWrapperBase& wrapper, CheckpointOptions options,
+                                   const std::function<std::vector<at::Tensor>()>& run) = 0;
+
+ protected:
+  // Makes this the thread's session while it lives.
+  FitSession();
+  virtual ~FitSession();
+  FitSession(const FitSession&) = delete;
+  FitSession& operator=(const FitSession&) = delete;
+
+ private:
+  FitSession* outer_;
+};
+
+// What every checkpoint wrapper is, whatever it wraps: its options, and
+// the options of each forward.
+class CheckpointWrapperBase : public StandIn {
+ public:
+  // The options of this wrapper's checkpoints; nullopt: the scope's.
+  const std::optional<CheckpointOptions>& options() const { return options_; }
+  void set_options(std::optional<CheckpointOptions> options) { options_ = std::move(options); }
+  // The name its regions get when their options name none (the scope's
+  // options too): apply_activation_checkpointing gives the module's
+  // qualified name, so errors say "region `blocks.3`".
+  const std::string& region_name() const { return region_name_; }
+  void set_region_name(std::string name) { region_name_ = std::move(name); }
+  // What the wrapper checkpoints, for people: the name its options give
+  // its regions, else its region name, else the module's (BlockImpl).
+  std::string region_label() const;
+
+ protected:
+  CheckpointWrapperBase(std::shared_ptr<torch::nn::Module> module,
+                        std::optional<CheckpointOptions> options);
+
+  // The options of a forward: its own or the scope's, named by its region
+  // name where they name no region; under sac::fit, the session's, given
+  // `region` (which returns the module's outputs) to profile.
+  template <class Region>
+  CheckpointOptions forward_options(Region&& region) {
+    CheckpointOptions options = options_or_scoped(options_, region_name_);
+    if (FitSession* session = FitSession::active()) {
+      return session->region(*this, std::move(options), [&] {
+        std::vector<at::Tensor> outputs;
+        collect_returned(region(), outputs);
+        return outputs;
+      });
+    }
+    return options;
+  }
+
+ private:
+  std::optional<CheckpointOptions> options_;
+  std::string region_name_;
+  std::string module_name_;
+};
+
 }  // namespace detail
 
 // Wraps a module of type `Impl` (torch::nn::LinearImpl, a user's BlockImpl).
@@ -58,18 +129,16 @@ inline CheckpointOptions options_or_scoped(const std::optional<CheckpointOptions
 // as sac::checkpoint saves them; other arguments are copied and kept until
 // backward.
 template <class Impl>
-class CheckpointWrapperImpl : public detail::StandIn {
+class CheckpointWrapperImpl : public detail::CheckpointWrapperBase {
  public:
   CheckpointWrapperImpl(std::shared_ptr<Impl> module,
                         std::optional<CheckpointOptions> options = std::nullopt)
-      : StandIn(module, "sac::CheckpointWrapper"),
-        module_(std::move(module)),
-        options_(std::move(options)) {}
+      : CheckpointWrapperBase(module, std::move(options)), module_(std::move(module)) {}
 
   template <class... Args>
   auto forward(Args&&... args) {
     return sac::checkpoint(
-        detail::options_or_scoped(options_),
+        forward_options([&] { return module_->forward(args...); }),
         [module = module_](auto&&... a) {
           return module->forward(std::forward<decltype(a)>(a)...);
         },
@@ -80,17 +149,15 @@ class CheckpointWrapperImpl : public detail::StandIn {
   std::shared_ptr<torch::nn::Module> clone(
       const std::optional<torch::Device>& device = std::nullopt) const override {
     auto module = std::dynamic_pointer_cast<Impl>(module_->clone(device));
-    return std::make_shared<CheckpointWrapperImpl>(std::move(module), options_);
+    auto copy = std::make_shared<CheckpointWrapperImpl>(std::move(module), options());
+    copy->set_region_name(region_name());
+    return copy;
   }
 
   const std::shared_ptr<Impl>& module() const { return module_; }
-  // The options of this wrapper's checkpoints; nullopt: the scope's.
-  const std::optional<CheckpointOptions>& options() const { return options_; }
-  void set_options(std::optional<CheckpointOptions> options) { options_ = std::move(options); }
 
  private:
   std::shared_ptr<Impl> module_;
-  std::optional<CheckpointOptions> options_;
 };
 
 // A type-erased module (an entry of torch::nn::Sequential) taking and
@@ -98,7 +165,7 @@ class CheckpointWrapperImpl : public detail::StandIn {
 // sac::apply_activation_checkpointing puts into a Sequential; its forward has
 // one signature, so it can itself be an AnyModule.
 template <>
-class CheckpointWrapperImpl<torch::nn::AnyModule> : public detail::StandIn {
+class CheckpointWrapperImpl<torch::nn::AnyModule> : public detail::CheckpointWrapperBase {
  public:
   explicit CheckpointWrapperImpl(torch::nn::AnyModule module,
                                  std::optional<CheckpointOptions> options = std::nullopt);
@@ -111,18 +178,9 @@ class CheckpointWrapperImpl<torch::nn::AnyModule> : public detail::StandIn {
       const std::optional<torch::Device>& device = std::nullopt) const override;
 
   torch::nn::AnyModule& module() const { return *module_; }
-  const std::optional<CheckpointOptions>& options() const { return options_; }
-  void set_options(std::optional<CheckpointOptions> options) { options_ = std::move(options); }
-  // The name its regions get when their options name none (the scope's
-  // options too): apply_activation_checkpointing gives the module's
-  // qualified name, so errors say "region `blocks.3`".
-  const std::string& region_name() const { return region_name_; }
-  void set_region_name(std::string name) { region_name_ = std::move(name); }
 
  private:
   std::shared_ptr<torch::nn::AnyModule> module_;
-  std::optional<CheckpointOptions> options_;
-  std::string region_name_;
 };
 
 // The holder, in the C++ frontend's idiom (a TORCH_MODULE-style handle):
