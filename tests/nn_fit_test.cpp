@@ -119,8 +119,8 @@ TEST_F(Fit, APeakAfterBackwardCountsTheBatchTheStepHolds) {
   Training training(std::dynamic_pointer_cast<torch::nn::SequentialImpl>(reference.model->clone()),
                     32, 64);
   sac::apply_activation_checkpointing(training.model, sac::modules_of_type<BlockImpl>());
-  const sac::Fit plan = sac::fit(*training.model, [&] { training.step(); },
-                                 sac::Fit::fraction(1.0), {&training.adam});
+  const sac::Fit plan = sac::fit(*training.model, [&] { training.step(); }, sac::Fit::fraction(1.0),
+                                 {&training.adam});
   EXPECT_EQ(plan.plain_peak(), sac::measure_peak([&] { reference.step(); }));
   plan.apply(*training.model);
   EXPECT_EQ(sac::measure_peak([&] { training.step(); }), plan.predicted_peak());
@@ -134,7 +134,8 @@ TEST_F(Fit, WhatCannotBePlannedIsAClearError) {
   EXPECT_NE(message.find("the step ran no checkpoint wrapper"), std::string::npos) << message;
 
   sac::apply_activation_checkpointing(training.model, sac::modules_of_type<BlockImpl>());
-  message = error_of([&] { sac::fit(*training.model, step, sac::Fit::bytes(1), {&training.adam}); });
+  message =
+      error_of([&] { sac::fit(*training.model, step, sac::Fit::bytes(1), {&training.adam}); });
   EXPECT_NE(message.find("is below the step's least"), std::string::npos) << message;
   EXPECT_NE(message.find("Raise the peak"), std::string::npos) << message;
 
@@ -153,7 +154,10 @@ TEST_F(Fit, WhatCannotBePlannedIsAClearError) {
   auto shared = twice.register_module("shared", sac::checkpoint_wrapper(Block(16)));
   message = error_of([&] {
     sac::fit(
-        twice, [&] { shared->forward(shared->forward(torch::randn({4, 16}))).sum().backward(); },
+        twice,
+        [&] {
+          shared->forward(shared->forward(torch::randn({4, 16}))).sum().backward();
+        },
         sac::Fit::fraction(1.0));
   });
   EXPECT_NE(message.find("ran twice in one step"), std::string::npos) << message;

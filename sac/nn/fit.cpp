@@ -182,7 +182,8 @@ Fit fit(torch::nn::Module& model, const std::function<void()>& step, Fit::Peak p
   }
   for (const detail::CheckpointWrapperBase* wrapper : wrappers) {
     TORCH_CHECK(own.count(wrapper) != 0, "sac::fit: the step ran the wrapper of ",
-                wrapper->region_label(), ", which is not a module of the model given. Give "
+                wrapper->region_label(),
+                ", which is not a module of the model given. Give "
                 "sac::fit the model whose wrappers the step runs.");
   }
 
@@ -192,7 +193,8 @@ Fit fit(torch::nn::Module& model, const std::function<void()>& step, Fit::Peak p
     run_restored([&] { measured.emplace(measure_step_phases(step)); }, state);
     TORCH_CHECK(measuring.wrappers() == wrappers,
                 "sac::fit: the step ran other wrappers, or in another order, the second "
-                "time (", measuring.wrappers().size(), " regions, then ", wrappers.size(),
+                "time (",
+                measuring.wrappers().size(), " regions, then ", wrappers.size(),
                 "): sac::fit plans a step that runs the same regions each time.");
     return std::move(*measured);
   }();
@@ -230,8 +232,7 @@ Fit fit(torch::nn::Module& model, const std::function<void()>& step, Fit::Peak p
       for (const SavedCall& call : chosen.saved_calls[i]) {
         region.kept_bytes += call.bytes;
       }
-      region.recompute_seconds =
-          recompute_seconds(profiling.profiles()[i], chosen.saved_calls[i]);
+      region.recompute_seconds = recompute_seconds(profiling.profiles()[i], chosen.saved_calls[i]);
     } else {
       region.kept_bytes = profiling.profiles()[i].plain_bytes();
     }
@@ -267,13 +268,14 @@ void Fit::apply(torch::nn::Module& model) const {
 
 void Fit::print(std::ostream& out) const {
   const auto mib = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
-  out << std::fixed << std::setprecision(3) << "sac::fit: " << regions_.size()
-      << " regions, peak " << mib(predicted_peak()) << " MiB predicted within "
-      << mib(peak_budget()) << " MiB (plain step " << mib(plain_peak_)
-      << " MiB, full recomputation " << mib(recomputation_peak_) << " MiB); recomputes "
-      << recompute_seconds() * 1e3 << " ms a step; planned in " << planning_seconds_ << " s\n";
+  out << std::fixed << std::setprecision(3) << "sac::fit: " << regions_.size() << " regions, peak "
+      << mib(predicted_peak()) << " MiB predicted within " << mib(peak_budget())
+      << " MiB (plain step " << mib(plain_peak_) << " MiB, full recomputation "
+      << mib(recomputation_peak_) << " MiB); recomputes " << recompute_seconds() * 1e3
+      << " ms a step; planned in " << planning_seconds_ << " s\n";
   out << std::left << std::setw(24) << "region" << std::right << std::setw(14) << "checkpointed"
-      << std::setw(14) << "kept MiB" << std::setw(16) << "recompute ms" << "\n";
+      << std::setw(14) << "kept MiB" << std::setw(16) << "recompute ms"
+      << "\n";
   for (const Region& region : regions_) {
     out << std::left << std::setw(24) << region.label << std::right << std::setw(14)
         << (region.checkpointed ? "yes" : "no") << std::setw(14) << mib(region.kept_bytes)

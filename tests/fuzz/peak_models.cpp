@@ -98,6 +98,10 @@ const char* const kLoopNames[kLoops] = {"gradients none at the end", "gradients 
 struct Model {
   bool image = false;
   Loop loop = Loop::NoneAtEnd;
+  // The step makes its batch (x * 1) and holds it to its end, past the
+  // backward and the optimizer's state: a region's input that outlives
+  // the region's frame (the predictor once took it for freed there).
+  bool batch_in_step = false;
   std::vector<at::Tensor> initial;  // the parameters' first values
   std::vector<at::Tensor> state;    // the optimizer's, made by the step
   std::vector<Layer> layers;
@@ -355,12 +359,14 @@ Model generate(uint64_t seed) {
   // Drawn apart, so that each seed's model is what it was before loops.
   Rng loop_rng(seed ^ 0x100bULL);
   m.loop = static_cast<Loop>(pick(loop_rng, 0, kLoops - 1));
+  m.batch_in_step = chance(loop_rng, 0.5);
   for (const at::Tensor& p : m.params()) {
     m.initial.push_back(p.detach().clone());
   }
   std::ostringstream out;
   out << (m.image ? "image " : "sequence ") << m.x.sizes() << ", "
-      << kLoopNames[static_cast<int>(m.loop)] << "\n";
+      << kLoopNames[static_cast<int>(m.loop)] << (m.batch_in_step ? ", batch made in the step" : "")
+      << "\n";
   for (size_t i = 0; i < m.layers.size(); ++i) {
     int region = -1;
     for (size_t r = 0; r < m.regions.size(); ++r) {
@@ -394,8 +400,8 @@ void zero_grad(Model& m) {
 using RunRegion = std::function<at::Tensor(
     size_t, const std::function<at::Tensor(const at::Tensor&)>&, const at::Tensor&)>;
 
-at::Tensor forward(Model& m, const RunRegion& run_region) {
-  at::Tensor h = m.x;
+at::Tensor forward(Model& m, const RunRegion& run_region, const at::Tensor& batch = {}) {
+  at::Tensor h = batch.defined() ? batch : m.x;
   size_t i = 0;
   for (size_t r = 0; r <= m.regions.size(); ++r) {
     const size_t until = r < m.regions.size() ? m.regions[r].first : m.layers.size();
@@ -445,18 +451,22 @@ sac::BudgetedPlan per_run(const Model& m, sac::BudgetedPlan plan) {
 // runs take `policies` in order (one per region, again per micro-batch, or
 // one per run). Its regions add to `statistics`, if given.
 at::Tensor run(Model& m, const std::vector<sac::Policy>* policies,
-               const std::shared_ptr<sac::RegionStatistics>& statistics = nullptr) {
+               const std::shared_ptr<sac::RegionStatistics>& statistics = nullptr,
+               const at::Tensor& batch = {}) {
   at::Tensor loss;
   for (size_t k = 0; k < micro_batches(m); ++k) {
     torch::manual_seed(7 + static_cast<int64_t>(k));
-    at::Tensor out = forward(m, [&](size_t r, const auto& body, const at::Tensor& in) {
-      if (policies == nullptr) {
-        return body(in);
-      }
-      const size_t index = policies->size() > m.regions.size() ? k * m.regions.size() + r : r;
-      return sac::checkpoint(
-          sac::CheckpointOptions().policy((*policies)[index]).statistics(statistics), body, in);
-    });
+    at::Tensor out = forward(
+        m,
+        [&](size_t r, const auto& body, const at::Tensor& in) {
+          if (policies == nullptr) {
+            return body(in);
+          }
+          const size_t index = policies->size() > m.regions.size() ? k * m.regions.size() + r : r;
+          return sac::checkpoint(
+              sac::CheckpointOptions().policy((*policies)[index]).statistics(statistics), body, in);
+        },
+        batch);
     loss = (out * out).mean();
     loss.backward();
   }
@@ -487,7 +497,8 @@ at::Tensor training_step(Model& m, const std::vector<sac::Policy>* policies,
       p.grad().zero_();
     }
   }
-  at::Tensor loss = run(m, policies, statistics);
+  const at::Tensor batch = m.batch_in_step ? m.x * 1 : at::Tensor();
+  at::Tensor loss = run(m, policies, statistics, batch);
   if (m.loop == Loop::Optimizer) {
     const at::NoGradGuard no_grad;
     for (const at::Tensor& p : m.params()) {
