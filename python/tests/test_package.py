@@ -31,3 +31,18 @@ def test_the_stubs_describe_the_module_exactly():
 def test_checkpoint_error_is_pytorchs():
     assert issubclass(sac.CheckpointError, torch.utils.checkpoint.CheckpointError)
     assert issubclass(sac.CheckpointError, RuntimeError)
+
+
+def test_the_version_names_sac_and_the_torch_it_was_built_against():
+    # The wheel's version (python/build_backend/torch_pin.py): sac's, then
+    # the torch release it pins. Installed, the package's metadata agrees.
+    from importlib import metadata
+    release = torch.__version__.split("+")[0]
+    assert sac.__version__.endswith(f"+torch{release}"), sac.__version__
+    assert sac.__version__.split("+")[0].count(".") == 2, sac.__version__
+    try:
+        dist = metadata.distribution("torch-sac")
+    except metadata.PackageNotFoundError:  # a build tree on sys.path
+        return
+    if os.path.realpath(dist.locate_file("torch_sac/__init__.py")) == os.path.realpath(sac.__file__):
+        assert sac.__version__ == dist.version

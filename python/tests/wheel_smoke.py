@@ -17,6 +17,9 @@ where = os.path.realpath(sac.__file__)
 assert where.startswith(venv + os.sep), f"torch_sac imported from {where}, not from {venv}"
 assert os.path.exists(os.path.join(os.path.dirname(where), "py.typed")), "no py.typed"
 assert issubclass(sac.CheckpointError, torch.utils.checkpoint.CheckpointError)
+from importlib import metadata  # noqa: E402
+assert sac.__version__ == metadata.version("torch-sac"), (sac.__version__,
+                                                          metadata.version("torch-sac"))
 
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16))

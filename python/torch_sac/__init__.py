@@ -42,6 +42,10 @@ from torch.utils.checkpoint import CheckpointPolicy
 
 from . import _built_with
 
+#: sac's version and the torch release the package was built against: the
+#: wheel's version (0.1.0+torch2.13.0), which pins that torch.
+__version__ = f"{_built_with.sac_version}+torch{_built_with.torch_version.split('+')[0]}"
+
 if torch.__version__ != _built_with.torch_version:
     _release = torch.__version__.split("+")[0]
     raise ImportError(
