@@ -434,7 +434,7 @@ def profile_layers(model: torch.nn.Module, forward: Callable[[], Any], runs: int
     (`from torch.utils.checkpoint import checkpoint`) is not seen: an error
     if no region was."""
     layers = [m for m in model.modules() if hasattr(m, "_gradient_checkpointing_func")]
-    profiles = _profile_regions(layers, forward, runs, warmup, detach=False)
+    profiles = _profile_regions(layers, forward, runs, warmup, recompute=False)
     if not profiles:
         raise RuntimeError(
             "torch_sac.profile_layers: forward() checkpointed no region through "
@@ -446,13 +446,15 @@ def profile_layers(model: torch.nn.Module, forward: Callable[[], Any], runs: int
 
 
 def _profile_regions(layers: Sequence[torch.nn.Module], run: Callable[[], Any], runs: int,
-                     warmup: int, detach: bool) -> List[RegionProfile]:
+                     warmup: int, recompute: bool) -> List[RegionProfile]:
     """Runs `run` with each region profiled instead of checkpointed: the
     calls of `layers`' `_gradient_checkpointing_func` and of
     torch.utils.checkpoint.checkpoint through the module attribute. `run`
     goes on with what each region's first profiled run returned; with
-    `detach`, detached (requiring grad as it did), so that no more than one
-    region's plain graph is alive at once."""
+    `recompute`, with the region run again under checkpoint, keeping
+    nothing: no more than one region's plain graph is alive at once, and the
+    step's backward still reaches the parameters (its optimizer, or a
+    GradScaler, sees gradients as in any step)."""
     profiles: List[RegionProfile] = []
 
     def profiling(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -465,11 +467,19 @@ def _profile_regions(layers: Sequence[torch.nn.Module], run: Callable[[], Any], 
             if not result:
                 result.append(out)
             return out
-        profiles.append(profile(region, runs, warmup))
-        if not detach:
+        # Under autocast, each run casts the weights again, as the step's one
+        # forward of the region does: its cache would spare the later runs.
+        cache = torch.is_autocast_cache_enabled()
+        torch.set_autocast_cache_enabled(False)
+        try:
+            profiles.append(profile(region, runs, warmup))
+        finally:
+            torch.set_autocast_cache_enabled(cache)
+        if not recompute:
             return result[0]
-        return torch.utils._pytree.tree_map_only(
-            torch.Tensor, lambda t: t.detach().requires_grad_(t.requires_grad), result[0])
+        result.clear()
+        return checkpoint_fn(fn, *args, use_reentrant=False,
+                             context_fn=context_fn(nothing_saveable()), **kwargs)
 
     saved = [m._gradient_checkpointing_func for m in layers]
     checkpoint_fn = torch.utils.checkpoint.checkpoint

@@ -82,7 +82,10 @@ def fit(model: torch.nn.Module, step: Callable[[], Any], peak: Union[float, int]
         budget = int(peak * plain)
     else:
         budget = peak
-    if budget < phases.peak():
+    # The least peak: full recomputation's, or the plain step's where that is
+    # lower (a tiny step, where the generator states checkpointing keeps
+    # outweigh what it spares).
+    if budget < phases.peak() and (plain is None or budget < plain):
         fraction = f" ({phases.peak() / plain:.3f} of the plain step's)" if plain else ""
         raise RuntimeError(
             f"sac.fit: no plan fits {budget} bytes: recomputing everything, the step peaks at "
@@ -271,7 +274,7 @@ def _profile(regions: _Regions, step: Callable[[], Any], runs: int) -> List[Any]
     from . import _profile_regions
     regions.enable(lambda: None)  # on; the checkpoint functions are replaced while profiling
     try:
-        profiles = _profile_regions(regions.checkpoint_functions(), step, runs, 0, detach=True)
+        profiles = _profile_regions(regions.checkpoint_functions(), step, runs, 0, recompute=True)
     finally:
         regions.disable()
     if not profiles:
