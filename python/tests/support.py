@@ -1,6 +1,7 @@
 """What the package's tests share: a small block of ops and its leaves, the
 counting allocator, a window without garbage collection for counting bytes,
-and a function run on several threads at once."""
+one intra-op thread for measuring peaks, and a function run on several
+threads at once."""
 import contextlib
 import ctypes
 import gc
@@ -10,6 +11,17 @@ import threading
 import pytest
 
 import torch
+
+
+@pytest.fixture
+def one_thread():
+    """The CPU's intra-op threads allocate scratch buffers that c10's memory
+    reporting does not see from the step's thread: peaks are measured with
+    one. A test module uses it with pytestmark."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def block(x, w1, w2):

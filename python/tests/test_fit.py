@@ -11,7 +11,7 @@ import torch
 
 import torch_sac as sac
 import test_models as models
-from support import counting_allocator, no_collection
+from support import counting_allocator, no_collection, one_thread  # noqa: F401 (a fixture)
 
 counting = counting_allocator()
 
@@ -35,12 +35,7 @@ def longer(architecture):
     return make
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def training(model, batch):

@@ -15,19 +15,14 @@ import pytest
 import torch
 
 import torch_sac as sac
-from support import no_collection
+from support import no_collection, one_thread  # noqa: F401 (a fixture)
 
 MODELS = int(os.environ.get("SAC_FIT_MODELS", "150"))
 LOOPS = ["none at the end", "left", "zeroed in place", "two micro-batches", "AdamW",
          "autocast and a GradScaler"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class Mlp(torch.nn.Module):

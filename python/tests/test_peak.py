@@ -14,21 +14,14 @@ from torch.utils.checkpoint import checkpoint
 
 import torch_sac as sac
 import test_models as models
-from support import counting_allocator, no_collection
+from support import counting_allocator, no_collection, one_thread  # noqa: F401 (a fixture)
 
 counting = counting_allocator()
 PROBE = {"live": counting.sac_counting_live_bytes, "peak": counting.sac_counting_peak_bytes,
          "reset_peak": counting.sac_counting_reset_peak}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The CPU's intra-op threads allocate scratch buffers that c10's memory
-    reporting does not see from the step's thread: measured with one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def checkpointed(model, context_fn, checkpoint_fn=checkpoint):
