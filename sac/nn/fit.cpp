@@ -132,7 +132,17 @@ class Session final : public detail::FitSession {
   std::vector<RegionProfile> profiles_;
 };
 
-// The calls of profile `profile` that `saved` keeps, by (op, call).
+// `model` and every module under it.
+std::set<const torch::nn::Module*> modules_of(torch::nn::Module& model) {
+  std::set<const torch::nn::Module*> own;
+  for (const auto& module : model.modules()) {
+    own.insert(module.get());
+  }
+  return own;
+}
+
+// The recomputation time of the calls of `profile` that `saved` does not
+// keep (matched by op and call).
 double recompute_seconds(const RegionProfile& profile, const std::vector<SavedCall>& saved) {
   std::set<std::pair<std::string, size_t>> kept;
   for (const SavedCall& call : saved) {
@@ -176,10 +186,7 @@ Fit fit(torch::nn::Module& model, const std::function<void()>& step, Fit::Peak p
               "sac::modules_of_type<BlockImpl>()), or sac::checkpoint_wrapper), and give "
               "sac::fit a step that runs them.");
   // The wrappers must be the model's: a plan is applied to them there.
-  std::set<const torch::nn::Module*> own;
-  for (const auto& module : model.modules()) {
-    own.insert(module.get());
-  }
+  const std::set<const torch::nn::Module*> own = modules_of(model);
   for (const detail::CheckpointWrapperBase* wrapper : wrappers) {
     TORCH_CHECK(own.count(wrapper) != 0, "sac::fit: the step ran the wrapper of ",
                 wrapper->region_label(),
@@ -248,10 +255,7 @@ Fit fit(torch::nn::Module& model, const std::function<void()>& step, Fit::Peak p
 }
 
 void Fit::apply(torch::nn::Module& model) const {
-  std::set<const torch::nn::Module*> own;
-  for (const auto& module : model.modules()) {
-    own.insert(module.get());
-  }
+  const std::set<const torch::nn::Module*> own = modules_of(model);
   for (size_t i = 0; i < wrappers_.size(); ++i) {
     const std::shared_ptr<torch::nn::Module> module = wrappers_[i].lock();
     TORCH_CHECK(module != nullptr && own.count(module.get()) != 0,
