@@ -70,6 +70,15 @@ TEST_F(Fit, TheUsualLoopIsPlannedToTheByteAndTrainsExactly) {
   const sac::Fit whole = sac::fit(*training.model, step, sac::Fit::fraction(1.0), {&training.adam});
   for (const auto& region : whole.regions()) EXPECT_FALSE(region.checkpointed) << region.label;
   EXPECT_EQ(whole.predicted_peak(), whole.plain_peak());
+  EXPECT_EQ(whole.recompute_flops(), 0);
+  // At the least peak each block recomputes its first product, `up` (the
+  // second is past the recomputation's stop): 2 FLOPs a multiply-add.
+  const sac::Fit least = sac::fit(*training.model, step,
+                                  sac::Fit::bytes(whole.recomputation_peak()), {&training.adam});
+  for (const auto& region : least.regions()) {
+    EXPECT_EQ(region.recompute_flops, 2 * 512 * 32 * (4 * 32)) << region.label;
+  }
+  EXPECT_EQ(least.recompute_flops(), 4 * least.regions()[0].recompute_flops);
   const double fraction = static_cast<double>(whole.recomputation_peak() + whole.plain_peak()) / 2 /
                           static_cast<double>(whole.plain_peak());
   const sac::Fit plan =
@@ -85,6 +94,7 @@ TEST_F(Fit, TheUsualLoopIsPlannedToTheByteAndTrainsExactly) {
   EXPECT_LE(plan.predicted_peak(), plan.peak_budget());
   EXPECT_LT(plan.recomputation_peak(), plan.predicted_peak());
   EXPECT_NE(printed.str().find("sac::fit: 4 regions"), std::string::npos);
+  EXPECT_NE(printed.str().find("recompute MFLOP"), std::string::npos);
 
   // Planning put back what the step changed: weights, no gradients, no
   // optimizer state yet.

@@ -103,6 +103,7 @@ void add_lab(py::module_& m) {
       .def_readonly("call", &OpCallProfile::call)
       .def_readonly("output_bytes", &OpCallProfile::output_bytes)
       .def_readonly("seconds", &OpCallProfile::seconds)
+      .def_readonly("flops", &OpCallProfile::flops)
       .def_readonly("view", &OpCallProfile::view)
       .def_readonly("in_place", &OpCallProfile::in_place)
       .def_readonly("random", &OpCallProfile::random)

@@ -4,6 +4,7 @@ first and left, AdamW making its state in the step): the plan peaks where it
 was predicted (the counting allocator's bytes), within its budget, gives the
 loss and gradients of no checkpointing bit for bit, and a step whose plain
 run does not fit in memory is planned without running it plainly."""
+import collections
 import copy
 
 import pytest
@@ -156,6 +157,67 @@ def test_a_sequential_is_fitted_layer_by_layer():
     reference_step()
     for p, q in zip(model.parameters(), reference.parameters()):
         assert torch.equal(p.grad, q.grad) and torch.equal(p, q)
+
+
+def test_a_plan_recomputes_the_flops_it_states():
+    """What a plan says it recomputes equals, by torch.utils.flop_counter, what
+    PyTorch's own selective checkpoint computes beyond the plain step when
+    given the plan's choices (its cache hides a kept call from the counter),
+    from the plain peak down to the tightest."""
+    from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
+                                        create_selective_checkpoint_contexts)
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def flops(step):
+        with FlopCounterMode(display=False) as counter:
+            step()
+        return counter.get_total_flops()
+
+    def keeping(saved):
+        """PyTorch's policy that keeps the calls `saved` names (op, call)."""
+        def context_fn():
+            calls = {False: collections.Counter(), True: collections.Counter()}
+
+            def policy(ctx, op, *args, **kwargs):
+                seen = calls[ctx.is_recompute]
+                call = seen[op.name()]
+                seen[op.name()] += 1
+                return (CheckpointPolicy.MUST_SAVE if (op.name(), call) in saved
+                        else CheckpointPolicy.PREFER_RECOMPUTE)
+            return create_selective_checkpoint_contexts(policy)
+        return context_fn
+
+    torch.manual_seed(0)
+    layers = [torch.nn.Sequential(torch.nn.Linear(32, 96), torch.nn.GELU(), torch.nn.Linear(96, 32))
+              for _ in range(3)]
+    x = torch.randn(256, 32)
+
+    def step(forward):
+        for layer in layers:
+            layer.zero_grad(set_to_none=True)
+        forward(x).square().mean().backward()
+    plain = torch.nn.Sequential(*layers)
+    stated = []
+    for peak in (1.0, 0.9, 0.8, 0.7, None):
+        with no_collection():
+            least = sac.fit(plain, lambda: step(plain), peak=1.0).recomputation_peak
+            plan = sac.fit(plain, lambda: step(plain), peak=peak or least)
+        contexts = [keeping({(op, call) for op, call, _ in saved}) if checkpointed else None
+                    for checkpointed, saved in zip(plan.checkpointed,
+                                                   plan._planned.plan.saved_calls)]
+
+        def planned(h):
+            for layer, context_fn in zip(layers, contexts):
+                h = layer(h) if context_fn is None else checkpoint(
+                    layer, h, use_reentrant=False, context_fn=context_fn)
+            return h
+        assert flops(lambda: step(planned)) - flops(lambda: step(plain)) == plan.recompute_flops
+        assert f"{plan.recompute_flops / 1e6:.3f} MFLOP" in str(plan)
+        stated.append(plan.recompute_flops)
+    # Recomputing every layer runs its first product again; the second is past
+    # the recomputation's stop (nothing after it saves a tensor).
+    assert stated[0] == 0 and stated[-1] == 3 * (2 * 256 * 32 * 96)
+    assert len(set(stated)) > 2, stated
 
 
 def test_what_fit_cannot_do_is_an_error():

@@ -31,6 +31,46 @@ def test_a_profile_lists_the_calls_and_their_bytes():
         p.table(sort="size")
 
 
+def test_a_profile_counts_flops_as_torch_flop_counter_does():
+    """Each call's FLOPs, summed per op, equal FlopCounterMode's over the same
+    forward: linear layers on 2-D and 3-D input, products with and without a
+    batch, convolutions (strided, grouped, transposed) and fused attention
+    (CPU's kernel given flop_counter's own formula, which it leaves out)."""
+    from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(12, 20)
+    conv = torch.nn.Conv2d(4, 6, 3, stride=2, padding=1, groups=2)
+    deconv = torch.nn.ConvTranspose2d(6, 3, 2, stride=2)
+    x = torch.randn(2, 4, 9, 9, requires_grad=True)
+    h = torch.randn(3, 5, 12, requires_grad=True)
+    q = torch.randn(2, 4, 7, 8, requires_grad=True)
+    kv = torch.randn(2, 2, 5, 8, requires_grad=True)
+
+    def forward():
+        a = deconv(conv(x)).sum()
+        b = linear(h).sum() + linear(h[0]).sum()
+        c = torch.baddbmm(h[:, :, :5], h, h.transpose(1, 2)).sum()
+        d = torch.nn.functional.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+        return a + b + c + d.sum() + (q @ q.transpose(-1, -2)).sum()
+
+    p = sac.profile(forward)
+    ours = {}
+    for c in p.calls:
+        ours[c.op] = ours.get(c.op, 0) + c.flops
+    cpu_attention = aten._scaled_dot_product_flash_attention_for_cpu
+    def attention(q, k, v, *args, out_shape=None, **kwargs):
+        return sdpa_flop_count(q, k, v)
+
+    with FlopCounterMode(display=False, custom_mapping={cpu_attention: attention}) as counter:
+        forward()
+    theirs = {str(op): n for op, n in counter.get_flop_counts()["Global"].items()}
+    # sac names an overload ("aten::add.Tensor"), flop_counter its packet ("aten.add").
+    counted = {op.split(".")[0].replace("::", "."): n for op, n in ours.items() if n}
+    assert counted == theirs
+    assert len(theirs) >= 5, theirs
+
+
 def test_the_recomputation_runs_only_the_calls_before_its_stop():
     """With early stop, PyTorch's checkpoint ends a recomputation once every
     tensor autograd saved is saved again: the profile marks the calls after

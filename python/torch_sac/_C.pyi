@@ -42,6 +42,7 @@ class OpCallProfile:
     call: int
     output_bytes: int
     seconds: float
+    flops: int
     view: bool
     in_place: bool
     random: bool

@@ -101,8 +101,9 @@ class Fit:
     the order they run; `checkpointed`, per layer, whether the plan
     checkpoints it; `predicted_peak` of `peak_budget` bytes, against
     `plain_peak` (not checkpointing; None if not known) and
-    `recomputation_peak` (recomputing everything); `recompute_seconds` the
-    plan's recomputation per step; `planning_seconds` what fit took."""
+    `recomputation_peak` (recomputing everything); `recompute_seconds` and
+    `recompute_flops` the plan's recomputation per step (FLOPs by
+    torch.utils.flop_counter's formulas); `planning_seconds` what fit took."""
 
     def __init__(self, model: torch.nn.Module, planned: Any, profiles: List[Any], phases: Any,
                  budget: int, everything_seconds: float, seconds: float) -> None:
@@ -116,6 +117,8 @@ class Fit:
         self.plain_peak = phases.plain_peak
         self.recomputation_peak = phases.peak()
         self.recompute_seconds = planned.plan.recompute_seconds
+        self.recompute_flops = sum(c.flops for i in range(len(profiles))
+                                   for c in self._recomputed(i))
         self.recompute_everything_seconds = everything_seconds
         self.planning_seconds = seconds
 
@@ -155,25 +158,36 @@ class Fit:
                 "the step as it runs with sac.fit.")
         return measured
 
+    def _recomputed(self, layer: int) -> List[Any]:
+        """The calls of `layer` the plan recomputes (none if unchecked)."""
+        if not self.checkpointed[layer]:
+            return []
+        saved = {(op, call) for op, call, _ in self._planned.plan.saved_calls[layer]}
+        return [c for c in self._profiles[layer].calls
+                if not c.past_stop and (c.op, c.call) not in saved]
+
     def __str__(self) -> str:
         plan = self._planned.plan
-        lines = [f"{'layer':>5}  {'plan':<26} {'kept bytes':>12} {'recompute us':>13}"]
+        lines = [f"{'layer':>5}  {'plan':<26} {'kept bytes':>12} {'recompute us':>13} "
+                 f"{'recompute MFLOP':>16}"]
         for i, profile in enumerate(self._profiles):
-            calls = profile.calls
+            calls = self._recomputed(i)
             if not self.checkpointed[i]:
-                what, kept, seconds = "unchecked", profile.plain_bytes, 0.0
+                what, kept = "unchecked", profile.plain_bytes
             else:
-                saved = {(op, call) for op, call, _ in plan.saved_calls[i]}
                 kept = sum(b for _, _, b in plan.saved_calls[i])
-                seconds = sum(c.seconds for c in calls
-                              if not c.past_stop and (c.op, c.call) not in saved)
-                what = f"keeps {len(saved)} of {sum(c.keepable for c in calls)} calls"
-            lines.append(f"{i:>5}  {what:<26} {kept:>12} {seconds * 1e6:>13.1f}")
+                keepable = sum(c.keepable for c in profile.calls)
+                what = f"keeps {len(plan.saved_calls[i])} of {keepable} calls"
+            seconds = sum(c.seconds for c in calls)
+            flops = sum(c.flops for c in calls)
+            lines.append(f"{i:>5}  {what:<26} {kept:>12} {seconds * 1e6:>13.1f} "
+                         f"{flops / 1e6:>16.3f}")
         plain = "unknown" if self.plain_peak is None else f"{self.plain_peak}"
         lines.append(
             f"peak {self.predicted_peak} bytes predicted, budget {self.peak_budget} (plain "
             f"{plain}, recomputing everything {self.recomputation_peak}); recomputes "
-            f"{self.recompute_seconds * 1e3:.2f} ms a step (everything: "
+            f"{self.recompute_seconds * 1e3:.2f} ms and {self.recompute_flops / 1e6:.3f} "
+            f"MFLOP a step (everything: "
             f"{self.recompute_everything_seconds * 1e3:.2f} ms); planned in "
             f"{self.planning_seconds:.2f} s")
         return "\n".join(lines)

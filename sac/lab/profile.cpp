@@ -5,6 +5,7 @@
 #include <sac/cache/internal/new_storages.h>
 #include <sac/dispatch/internal/boxed.h>
 #include <sac/dispatch/internal/interceptor.h>
+#include <sac/lab/internal/flops.h>
 #include <sac/policy/internal/op_traits.h>
 
 #include <ATen/core/grad_mode.h>
@@ -58,6 +59,11 @@ class Profiler final : public detail::OpObserver {
     for (const auto& arg : args) {
       detail::for_each_tensor(arg, [&](const at::Tensor& t) { storages_.meet(t); });
     }
+    // A formula needs the arguments and the outputs: keep the former until then.
+    args_.clear();
+    if (detail::counts_flops(call.op)) {
+      args_.assign(args.begin(), args.end());
+    }
     started_ = Clock::now();
   }
 
@@ -66,6 +72,10 @@ class Profiler final : public detail::OpObserver {
     OpCallProfile entry{call.op};
     entry.call = calls_of_[call.op]++;
     entry.seconds = seconds;
+    if (!args_.empty()) {
+      entry.flops = detail::flops_of(call.op, args_, outputs);
+      args_.clear();
+    }
     for (const auto& output : outputs) {
       detail::for_each_tensor(output, [&](const at::Tensor& t) {
         const int64_t bytes = storages_.meet(t);
@@ -166,6 +176,7 @@ class Profiler final : public detail::OpObserver {
   std::unordered_map<c10::OperatorHandle, size_t> calls_of_;
   detail::NewStorages storages_;
   Clock::time_point started_;
+  std::vector<c10::IValue> args_;  // of the call running, if it counts FLOPs
 };
 
 std::string flags(const OpCallProfile& c) {
@@ -233,12 +244,13 @@ void RegionProfile::print(std::ostream& out, SortBy sort, size_t limit) const {
 
 void RegionProfile::write_csv(std::ostream& out) const {
   out << "op,call,output_bytes,seconds,cacheable,modified_later,view,in_place,random,collective,"
-         "device,returned,past_stop\n";
+         "device,returned,past_stop,flops\n";
   for (const auto& c : calls_) {
     out << c10::toString(c.op.operator_name()) << "," << c.call << "," << c.output_bytes << ","
         << std::scientific << std::setprecision(6) << c.seconds << "," << c.cacheable << ","
         << c.modified_later << "," << c.view << "," << c.in_place << "," << c.random << ","
-        << c.collective << "," << c.device << "," << c.returned << "," << c.past_stop << "\n";
+        << c.collective << "," << c.device << "," << c.returned << "," << c.past_stop << ","
+        << c.flops << "\n";
   }
 }
 

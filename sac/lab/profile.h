@@ -52,6 +52,9 @@ struct OpCallProfile {
   int64_t output_bytes = 0;
   // Wall time of the call, in seconds (on CPU, its compute).
   double seconds = 0;
+  // Its floating-point operations by torch.utils.flop_counter's formulas:
+  // matrix products, convolutions and fused attention; 0 for other ops.
+  int64_t flops = 0;
   bool view = false;        // an output aliases an input
   bool in_place = false;    // it writes an input (in-place or out=)
   bool random = false;      // it draws from a generator
@@ -84,6 +87,7 @@ struct OpCallProfile {
   // What leaving it to the recomputation costs: its time, or nothing past
   // the stop.
   double recompute_seconds() const { return past_stop ? 0 : seconds; }
+  int64_t recompute_flops() const { return past_stop ? 0 : flops; }
 };
 
 class RegionProfile {

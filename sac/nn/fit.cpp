@@ -141,20 +141,21 @@ std::set<const torch::nn::Module*> modules_of(torch::nn::Module& model) {
   return own;
 }
 
-// The recomputation time of the calls of `profile` that `saved` does not
-// keep (matched by op and call).
-double recompute_seconds(const RegionProfile& profile, const std::vector<SavedCall>& saved) {
+// The calls of `profile` that `saved` does not keep (matched by op and
+// call): what the region recomputes.
+std::vector<const OpCallProfile*> recomputed(const RegionProfile& profile,
+                                             const std::vector<SavedCall>& saved) {
   std::set<std::pair<std::string, size_t>> kept;
   for (const SavedCall& call : saved) {
     kept.emplace(c10::toString(call.op.operator_name()), call.call);
   }
-  double seconds = 0;
+  std::vector<const OpCallProfile*> calls;
   for (const OpCallProfile& call : profile.calls()) {
     if (kept.count({c10::toString(call.op.operator_name()), call.call}) == 0) {
-      seconds += call.recompute_seconds();
+      calls.push_back(&call);
     }
   }
-  return seconds;
+  return calls;
 }
 
 }  // namespace
@@ -242,7 +243,10 @@ Fit fit(torch::nn::Module& model, const std::function<void()>& step, Fit::Peak p
       for (const SavedCall& call : chosen.saved_calls[i]) {
         region.kept_bytes += call.bytes;
       }
-      region.recompute_seconds = recompute_seconds(profiling.profiles()[i], chosen.saved_calls[i]);
+      for (const OpCallProfile* call : recomputed(profiling.profiles()[i], chosen.saved_calls[i])) {
+        region.recompute_seconds += call->recompute_seconds();
+        region.recompute_flops += call->recompute_flops();
+      }
     } else {
       region.kept_bytes = profiling.profiles()[i].plain_bytes();
     }
@@ -273,20 +277,29 @@ void Fit::apply(torch::nn::Module& model) const {
   }
 }
 
+int64_t Fit::recompute_flops() const {
+  int64_t flops = 0;
+  for (const Region& region : regions_) {
+    flops += region.recompute_flops;
+  }
+  return flops;
+}
+
 void Fit::print(std::ostream& out) const {
   const auto mib = [](int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); };
   out << std::fixed << std::setprecision(3) << "sac::fit: " << regions_.size() << " regions, peak "
       << mib(predicted_peak()) << " MiB predicted within " << mib(peak_budget())
       << " MiB (plain step " << mib(plain_peak_) << " MiB, full recomputation "
-      << mib(recomputation_peak_) << " MiB); recomputes " << recompute_seconds() * 1e3
-      << " ms a step; planned in " << planning_seconds_ << " s\n";
+      << mib(recomputation_peak_) << " MiB); recomputes " << recompute_seconds() * 1e3 << " ms and "
+      << recompute_flops() / 1e6 << " MFLOP a step; planned in " << planning_seconds_ << " s\n";
   out << std::left << std::setw(24) << "region" << std::right << std::setw(14) << "checkpointed"
-      << std::setw(14) << "kept MiB" << std::setw(16) << "recompute ms"
-      << "\n";
+      << std::setw(14) << "kept MiB" << std::setw(16) << "recompute ms" << std::setw(18)
+      << "recompute MFLOP\n";
   for (const Region& region : regions_) {
     out << std::left << std::setw(24) << region.label << std::right << std::setw(14)
         << (region.checkpointed ? "yes" : "no") << std::setw(14) << mib(region.kept_bytes)
-        << std::setw(16) << region.recompute_seconds * 1e3 << "\n";
+        << std::setw(16) << region.recompute_seconds * 1e3 << std::setw(18)
+        << region.recompute_flops / 1e6 << "\n";
   }
 }
 

@@ -66,6 +66,7 @@ class Fit {
     Policy policy;
     int64_t kept_bytes = 0;        // what it keeps after the forward
     double recompute_seconds = 0;  // what its recomputation takes
+    int64_t recompute_flops = 0;   // and computes (see OpCallProfile::flops)
   };
   const std::vector<Region>& regions() const { return regions_; }
   // The step's peak under the plan, and the peak budget it fits.
@@ -76,6 +77,7 @@ class Fit {
   int64_t recomputation_peak() const { return recomputation_peak_; }
   // What the plan recomputes a step, and how long planning took.
   double recompute_seconds() const { return recompute_seconds_; }
+  int64_t recompute_flops() const;
   double planning_seconds() const { return planning_seconds_; }
 
   // Gives each wrapper of `model` that the plan covers its policy (its own
