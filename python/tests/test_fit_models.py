@@ -117,18 +117,31 @@ def test_a_generated_step_is_planned_to_the_byte_and_trains_alike(seed):
     assert plan.predicted_peak <= plan.peak_budget, loop
     plan.apply(model)
     reference_step = training(reference, shape, loop)
-    # Under autocast, a layer left unchecked is predicted high (the plain
-    # step's peak up to 3.7 KB over the measured one on these models; an
-    # open gap of the predictor): the plan still fits, at or below it.
-    exact = loop != "autocast and a GradScaler" or all(plan.checkpointed)
     for first in (True, False):
         with no_collection():
             peak = sac.measure_peak(step)
         # The first step makes the optimizer's state, as the measured one did.
-        assert peak == plan.predicted_peak if first and exact else peak <= plan.predicted_peak, \
+        assert peak == plan.predicted_peak if first else peak <= plan.predicted_peak, \
             (loop, str(plan))
         reference_step()
         for (name, p), q in zip(model.named_parameters(), reference.parameters()):
             assert torch.equal(p, q), (loop, name)
             assert (p.grad is None) == (q.grad is None), (loop, name)
             assert p.grad is None or torch.equal(p.grad, q.grad), (loop, name)
+
+
+def test_an_input_python_let_go_of_is_freed_in_the_prediction():
+    """Under autocast a layer casts its input and saves the copy, so the plain
+    step frees the input once the next layer returned. The measured step saw
+    it held by the input's Python object, which PyTorch keeps alive while C++
+    holds the tensor (Note [A handle Python keeps]): the plain peak of this
+    model was predicted 3,656 bytes high."""
+    model, shape, loop = generated(149)
+    assert loop == "autocast and a GradScaler"
+    assert [type(m) for m in model][:2] == [Attention, Attention]
+    step = training(model, shape, loop)
+    with no_collection():
+        whole = sac.fit(model, step, peak=1.0)
+    whole.apply(model)
+    with no_collection():
+        assert sac.measure_peak(step) == whole.predicted_peak == whole.plain_peak
