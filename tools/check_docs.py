@@ -19,8 +19,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 DOCS = os.path.join(ROOT, "docs")
 MOST_WORDS = 20
 PENDING = {"api.md", "c10-contract.md", "glossary.md", "install.md", "lab.md", "limits.md",
-           "models.md", "multi-process.md", "policies.md", "python.md", "regions.md",
-           "testing.md"}
+           "multi-process.md", "policies.md", "regions.md", "testing.md"}
 # A test's name: a Python test function, a GoogleTest suite's test, a test file.
 TEST_NAME = re.compile(r"\btest_[a-z0-9_]+|\bTEST(_F|_P)?\(|\b[a-z0-9_]+_test\.(cpp|py)\b")
 

@@ -162,7 +162,7 @@ def test_a_profile_holds_nothing_after_it_returns():
 def test_profile_layers_profiles_each_checkpointed_region_in_order():
     """sac.profile_layers: the regions of torch.utils.checkpoint.checkpoint
     (called through the module attribute) and of Hugging Face's
-    gradient_checkpointing_enable, one profile per call, in order, each the
+    activation_checkpointing_enable, one profile per call, in order, each the
     profile of that call run alone; the forward goes on with what the region
     returned, and the checkpoint functions are back afterwards."""
     args = leaves()

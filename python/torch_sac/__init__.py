@@ -426,7 +426,7 @@ def profile_layers(model: torch.nn.Module, forward: Callable[[], Any], runs: int
                    warmup: int = 0) -> List[RegionProfile]:
     """The profile of each region that `forward()` checkpoints, in the order
     they run (one per call: a plan's `profiles`). Regions are the calls
-    of `model`'s layers that Hugging Face's gradient_checkpointing_enable
+    of `model`'s layers that Hugging Face's activation_checkpointing_enable
     checkpoints, and the calls of torch.utils.checkpoint.checkpoint made
     through the module attribute; while `forward` runs, each is profiled as
     `profile(region, runs, warmup)` does, instead of checkpointed, and the
@@ -439,7 +439,7 @@ def profile_layers(model: torch.nn.Module, forward: Callable[[], Any], runs: int
         raise RuntimeError(
             "torch_sac.profile_layers: forward() checkpointed no region through "
             "torch.utils.checkpoint.checkpoint or a layer of the model that Hugging Face's "
-            "gradient_checkpointing_enable() set up. Enable checkpointing on the model (in "
+            "activation_checkpointing_enable() set up. Enable checkpointing on the model (in "
             "training mode), or call torch.utils.checkpoint.checkpoint through the module "
             "attribute, not a name imported before.")
     return profiles
@@ -649,7 +649,7 @@ def in_order(policies: Sequence[PolicyLike], allow_cache_entry_mutation: bool = 
     call the next of `policies` (a plan's, one per region, in the order the
     regions' forwards run), starting over after the last: for a model whose
     layers are checkpointed one by one (Hugging Face's
-    gradient_checkpointing_enable)."""
+    activation_checkpointing_enable)."""
     policies = [as_policy(p) for p in policies]
     if not policies:
         raise ValueError("sac.in_order: give at least one policy, one per region.")
