@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""docs/glossary.md names code: each term's *Code:* line, the Renamed table's
-new names, and the rows of Still to rename (a file, and what it says now).
+"""docs/glossary.md names code: each term's *Code:* line; docs/renamed.md, its
+history, the Renamed table's new names and retired ones, and the rows of
+Still to rename (a file, and what it says now).
 A rename that forgets the glossary leaves it naming what no longer exists,
 and a row done but not struck off sends the next reader to nothing. This
 checks that every file the glossary names exists, that every identifier a
 *Code:* line or the Renamed table names occurs in the tree (in the files the
-same line names, where it names any), and that every Still to rename row's
+same line names, where it names any), that no retired identifier of the
+Renamed table is left in code or docs, and that every Still to rename row's
 "now" still occurs in its file.
 
   python3 tools/check_glossary.py      # exit 1, listing what it did not find
@@ -16,6 +18,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 GLOSSARY = ROOT / "docs/glossary.md"
+RENAMED = ROOT / "docs/renamed.md"
 SEARCHED = ["sac", "python", "tests", "benchmarks", "examples", "tools", "cmake", "bazel", ".ci",
             "CMakeLists.txt", "BUILD.bazel", "README.md", "BENCHMARKS.md", "docs"]
 SUFFIXES = {".h", ".cpp", ".py", ".pyi", ".md", ".cmake", ".txt", ".bazel", ".bzl", ".sh", ""}
@@ -34,7 +37,7 @@ def tree_files():
                         and "__pycache__" not in p.parts)
 
 
-TEXTS = {p: p.read_text(errors="replace") for p in tree_files() if p != GLOSSARY}
+TEXTS = {p: p.read_text(errors="replace") for p in tree_files() if p not in (GLOSSARY, RENAMED)}
 # Where identifiers are looked for when the glossary names no file: code,
 # not prose (the docs may still say an old name).
 CODE = [p for p in TEXTS if p.suffix not in (".md", ".txt") or p.name == "CMakeLists.txt"]
@@ -44,6 +47,26 @@ def occurs(word, files):
     pattern = re.compile(
         r"(?<![\w])" + re.escape(word).replace(r"\*", r"\w*") + r"(?![\w])")
     return any(pattern.search(TEXTS.get(f, "")) for f in files)
+
+
+def retired_identifier(token):
+    """Whether a Was cell's token is code to look for: a path, or an
+    identifier with `::`, `_` or a capital (plain words stay in prose)."""
+    name = re.sub(r"\(.*\)$", "", token).strip()
+    if "/" in name:
+        return True
+    return bool(IDENTIFIER.match(name)) and bool(
+        "::" in name or "_" in name.strip("_") or re.search(r"[a-z][A-Z]|^[A-Z][a-z]+[A-Z]", name))
+
+
+def where_it_occurs(token):
+    """The files that still use `token`: in code as a word, in docs as code
+    (between backticks)."""
+    name = re.sub(r"\(.*\)$", "", token).strip()
+    word = re.compile(r"(?<![\w])" + re.escape(name) + r"(?![\w])")
+    quoted = re.compile(r"`[^`\n]*(?<![\w])" + re.escape(name) + r"(?![\w])[^`\n]*`")
+    return [str(p.relative_to(ROOT)) for p, t in TEXTS.items()
+            if (quoted if p.suffix == ".md" else word).search(t)]
 
 
 def flowing(text):
@@ -113,13 +136,23 @@ def main():
         if not missing:
             check_identifiers([t for t in tokens if not PATH.match(t)], where,
                               f"glossary.md:{number}", problems)
-    # Renamed: the new names exist.
-    renamed = text[text.index("## Renamed"):text.index("## Still to rename")]
-    for number, row in enumerate(renamed.splitlines(), text[:text.index("## Renamed")].count("\n") + 1):
+    # Renamed: the new names exist, and the retired identifiers are gone.
+    text = RENAMED.read_text()
+    table = text[:text.index("## Still to rename")]
+    # A Was token that a Now cell uses, or that names whose part was renamed
+    # (`OpCache`'s ...), stays in a meaning of its own.
+    now_cells = " ".join(row.split(" | ")[1] for row in table.splitlines()
+                         if row.startswith("| `") and len(row.split(" | ")) >= 3)
+    for number, row in enumerate(table.splitlines(), 1):
         cells = row.split(" | ")
         if row.startswith("| `") and len(cells) >= 3:
             check_identifiers(re.findall(r"`([^`]+)`", cells[1]), [],
-                              f"glossary.md:{number} (Renamed)", problems)
+                              f"renamed.md:{number} (Renamed)", problems)
+            for old in re.findall(r"`([^`]+)`(?!'s)", cells[0]):
+                if retired_identifier(old) and old.rstrip("()") not in now_cells \
+                        and where_it_occurs(old):
+                    problems.append(f"renamed.md:{number}: the retired `{old}` is still in "
+                                    f"{', '.join(where_it_occurs(old))}")
     # Still to rename: each row's file exists and still says what it says.
     start = text.index("## Still to rename")
     for number, row in enumerate(text[start:].splitlines(), text[:start].count("\n") + 1):
@@ -135,7 +168,7 @@ def main():
         for phrase in now:
             words = " ".join(phrase.split("::")[-1].rstrip("()").split())
             if words not in flowing(TEXTS.get(found[0], "")) and not occurs(words, found):
-                problems.append(f"glossary.md:{number}: {path} no longer says `{phrase}` "
+                problems.append(f"renamed.md:{number}: {path} no longer says `{phrase}` "
                                 "(renamed? strike the row)")
     for problem in problems:
         print(f"check_glossary.py: {problem}", file=sys.stderr)

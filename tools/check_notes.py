@@ -4,7 +4,7 @@
 A note is written where a comment line of code (not docs/) starts with it:
 `// Note [Title]` alone on its line, or followed by a colon and its text. Anything else that names `Note [Title]`
 (code, tests, docs) refers to it, and must name a note that is written, or a
-reader follows it to nothing. The glossary's tables name old titles on
+reader follows it to nothing. The Renamed page's tables name old titles on
 purpose (what was renamed to what): their rows are not references.
 
   python3 tools/check_notes.py [--list]
@@ -44,7 +44,7 @@ def main():
             if definition and not path.endswith(".md"):
                 written.setdefault(definition.group(1), []).append(where)
                 continue
-            if path == "docs/glossary.md" and line.startswith("|"):
+            if path == "docs/renamed.md" and line.startswith("|"):
                 continue
             references += [(m.group(1), where) for m in REFERENCE.finditer(line)
                            if m.group(1) != "..."]
