@@ -12,7 +12,8 @@
 //   sac/lab/explain.h      sac::explain: a policy's answers and what came of them
 //   sac/lab/budget.h       budgeted policies and plans (a knapsack of bytes)
 //   sac/lab/peak.h         a training step's peak, predicted and planned for
-//   sac/lab/memory.h       sac::measure_peak: a function's peak, from c10's reports
+//   sac/lab/memory.h       sac::measure_peak: a function's peak, from c10's reports;
+//                          MemoryProbe, an allocator's counters
 //   sac/lab/shape_plans.h  a plan per input shape
 // The checkpointing API is sac/sac.h's; this door stands beside it.
 #pragma once

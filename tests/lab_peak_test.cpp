@@ -199,7 +199,7 @@ TEST_F(Peak, PlansForAPeakBudgetFitIt) {
 }
 
 // Not checkpointing is a plan too, predicted (Note [A region left unchecked]
-// in sac/lab/peak.cpp): the step is measured once, in the usual loop that
+// in sac/lab/plan_trace.cpp): the step is measured once, in the usual loop that
 // sets its gradients to none first and leaves them at the end, and is never
 // run plainly. The plain step's peak, and the peaks of plans that leave some
 // regions unchecked and checkpoint others, are the measured ones. A peak

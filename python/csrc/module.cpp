@@ -77,7 +77,7 @@ class Mode {
   const char* name() const { return kind_ == Kind::Caching ? "caching" : "cached"; }
 
   // What a listener hears of the region from Python, as sac's own frame
-  // tells it (Note [A region left unchecked], sac/lab/peak.cpp): the inputs
+  // tells it (Note [A region left unchecked], sac/lab/plan_trace.cpp): the inputs
   // PyTorch's checkpoint holds, each by `frame_handles` handles; each save,
   // held until the returned token dies; and that it told all of that.
   void hear_input(const at::Tensor& input, int64_t frame_handles) const {

@@ -268,7 +268,7 @@ def _closes_over_tensors(fn: Any, kwargs: Any) -> bool:
 class _HeardForward:
     """sac's caching mode while sac.measure_step_phases hears the step, telling
     it what PyTorch's checkpoint does not (Note [A region left unchecked] in
-    sac/lab/peak.cpp): the inputs the checkpoint holds, each through one
+    sac/lab/plan_trace.cpp): the inputs the checkpoint holds, each through one
     saved tensor, and every tensor autograd saves, through the checkpoint's
     own saved-tensor hooks wrapped so that the packed value carries a token
     that dies when autograd lets go of it."""

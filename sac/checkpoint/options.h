@@ -27,9 +27,9 @@ enum class DeterminismCheck {
   // the op that saved it, and the region (name()): a write through
   // data_ptr() behind autograd's back, an op that draws from its own state,
   // a nondeterministic kernel, a router's top-k flipped by an ulp. Costs a
-  // pass over each saved tensor in forward and in recomputation (and a
-  // synchronization per tensor on an accelerator): on in tests, and for a
-  // debugging run.
+  // pass over each saved tensor in forward and in recomputation (and, on an
+  // accelerator, one synchronization per device as the recomputation ends):
+  // on in tests, and for a debugging run.
   Values,
 };
 

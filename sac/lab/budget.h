@@ -25,8 +25,9 @@
 // create_selective_checkpoint_contexts refuses it. It is a choice by
 // default; pass false where the regions checkpoint whatever the plan says
 // (a checkpoint of one's own under sac's contexts).
-// StepPhases::predict_peak predicts such a plan only where no region is
-// checkpointed (the plain step's measured peak).
+// StepPhases::predict_peak predicts such a plan from the measured step where
+// each unchecked region's frame told it what the region saves and holds
+// (Note [A region left unchecked] in sac/lab/plan_trace.cpp).
 //
 // Offload is a third choice where outputs live on an accelerator: a call
 // left off the device costs the less of its recomputation and its bytes'

@@ -1,5 +1,7 @@
 // sac::measure_peak: what a function allocates at most, as c10's memory
-// reports tell it, with no allocator of one's own to install.
+// reports tell it, with no allocator of one's own to install; and
+// sac::MemoryProbe, an allocator's own counters (device_memory_probe reads a
+// caching device allocator's).
 //
 //   at::set_num_threads(1);
 //   const int64_t peak = sac::measure_peak([&] { step(); });
@@ -25,6 +27,27 @@
 #include <functional>
 
 namespace sac {
+
+// Live bytes and the peak since the last reset, of the allocator the step
+// uses: a counting allocator on CPU (examples/memory_meter.h; optional
+// there), the caching allocator's statistics on an accelerator
+// (device_memory_probe). The step is traced from the reports of `device`'s
+// allocator; the probe's peak checks that they missed nothing.
+struct MemoryProbe {
+  std::function<int64_t()> live;
+  std::function<int64_t()> peak;
+  std::function<void()> reset_peak;
+  // Bytes the allocator could still hand out, if it knows: a peak budget
+  // read at solve time is free() less a margin (sac/lab/shape_plans.h).
+  std::function<int64_t()> free;
+  c10::Device device = c10::kCPU;
+};
+
+// The probe of `device`'s caching allocator (CUDA's, or any registered
+// c10::DeviceAllocator): live and peak are its allocated bytes; free is the
+// device's free memory plus what the allocator has reserved and not handed
+// out. A clear error for the CPU or a device type without such an allocator.
+MemoryProbe device_memory_probe(c10::Device device);
 
 // The most `fn` had live at once on `device`, over what was live when it
 // began.

@@ -14,7 +14,7 @@
 // caching allocator report), with
 // each region's forward and recomputation and their op calls placed in it.
 // A plan changes that list in three ways only (Note [A plan's trace] in
-// peak.cpp): a kept output's storage lives on until the recomputation takes
+// plan_trace.cpp): a kept output's storage lives on until the recomputation takes
 // it, the taken call allocates nothing in the recomputation, and its place
 // there is held by the kept storage for as long as the recomputed one was.
 // So the prediction is the peak of the changed list: on the CPU it equals
@@ -23,7 +23,7 @@
 // that broke the first model).
 //
 // Leaving a region unchecked is a plan too, predicted from the same trace
-// (Note [A region left unchecked] in peak.cpp): the step heard what each
+// (Note [A region left unchecked] in plan_trace.cpp): the step heard what each
 // region's forward saved and when autograd let go of it, and when the rest
 // of the program let go of each region's inputs. So not checkpointing at
 // all is predicted (plain_peak()), the step is never run without
@@ -44,6 +44,7 @@
 #pragma once
 
 #include <sac/lab/budget.h>
+#include <sac/lab/memory.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/Device.h>
@@ -57,27 +58,6 @@
 #include <vector>
 
 namespace sac {
-
-// Live bytes and the peak since the last reset, of the allocator the step
-// uses: a counting allocator on CPU (examples/memory_meter.h; optional
-// there), the caching allocator's statistics on an accelerator
-// (device_memory_probe). The step is traced from the reports of `device`'s
-// allocator; the probe's peak checks that they missed nothing.
-struct MemoryProbe {
-  std::function<int64_t()> live;
-  std::function<int64_t()> peak;
-  std::function<void()> reset_peak;
-  // Bytes the allocator could still hand out, if it knows: a peak budget
-  // read at solve time is free() less a margin (sac/lab/shape_plans.h).
-  std::function<int64_t()> free;
-  c10::Device device = c10::kCPU;
-};
-
-// The probe of `device`'s caching allocator (CUDA's, or any registered
-// c10::DeviceAllocator): live and peak are its allocated bytes; free is the
-// device's free memory plus what the allocator has reserved and not handed
-// out. A clear error for the CPU or a device type without such an allocator.
-MemoryProbe device_memory_probe(c10::Device device);
 
 // A stretch of the measured step's trace: a region's forward, the code between
 // regions, or a region's backward (from its recomputation's start to the
@@ -125,7 +105,7 @@ class StepPhases {
   int64_t peak() const;
   // The peak of the step with every region plain (not checkpointed), over
   // what was live when it began: predicted (Note [A region left unchecked]
-  // in peak.cpp), or the one with_plain_peak gave. std::nullopt where a
+  // in plan_trace.cpp), or the one with_plain_peak gave. std::nullopt where a
   // region's frame did not tell the step what it saves and holds (PyTorch's
   // checkpoint, sac::CheckpointRegion) and none was given; why_no_plain_peak
   // says why.

@@ -80,7 +80,7 @@ struct OpCallProfile {
   // cacheable call's outputs hold too, as aten::_unsafe_view holds a
   // matmul's result: saving either holds those bytes, which are counted once,
   // at the call that made them. A budgeted plan saves such calls together.
-  std::vector<size_t> shares_storage_with;
+  std::vector<size_t> shares_storage_with = {};
 
   // A choice for a policy: cacheable and kept when saved.
   bool keepable() const { return cacheable && !modified_later; }

@@ -300,7 +300,7 @@ class Tracer final : public MemoryListener, public detail::RegionEvents, public 
 
   // Before each event (a free of `ptr` if `bytes` < 0): which saves
   // autograd let go of, and which held inputs the rest of the program let go
-  // of (Note [A region left unchecked], peak.cpp).
+  // of (Note [A region left unchecked], plan_trace.cpp).
   void watch_held(void* ptr, int64_t bytes) {
     for (size_t i = 0; i < saves_.size();) {
       if (saves_[i].holder.expired()) {

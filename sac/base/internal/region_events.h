@@ -30,7 +30,7 @@ class RegionEvents {
   virtual void released(const void* region) = 0;
   // The frame of `region` holds `input` for its recomputation, which a
   // plain region would not: `frame_handles` of the handles on the input's
-  // TensorImpl are the frame's (Note [A region left unchecked], peak.cpp).
+  // TensorImpl are the frame's (Note [A region left unchecked], plan_trace.cpp).
   virtual void input_held(const void* /*region*/, const at::Tensor& /*input*/,
                           int64_t /*frame_handles*/) {}
   // The forward of `region` saved `saved` for backward, held by `holder`

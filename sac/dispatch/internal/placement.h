@@ -14,8 +14,8 @@
 namespace sac::detail {
 
 // The dispatch key where `mechanism` places sac's kernel. A do-nothing kernel
-// on the same key is the floor that any interception there pays
-// (benchmarks/floor.h).
+// on the same key is the least that any interception there costs
+// (benchmarks/null_kernel.h).
 c10::DispatchKey interception_key(dispatch::Mechanism mechanism);
 
 // Whether the `Fake` key is free for sac's fallback in this process: no

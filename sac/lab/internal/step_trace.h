@@ -7,7 +7,7 @@
 // region's forward and recomputation are placed between them (positions:
 // the number of events before), with the allocations their outputs' storages
 // are, so that a plan's changes to the step are changes to this list: see
-// Note [A plan's trace] in peak.cpp.
+// Note [A plan's trace] in plan_trace.cpp.
 #pragma once
 
 #include <sac/lab/peak.h>
@@ -54,7 +54,7 @@ struct TracedCall {
 };
 
 // An input the region's frame held for its recomputation (Note [A region
-// left unchecked] in peak.cpp): where the frame's hold freed it, and where
+// left unchecked] in plan_trace.cpp): where the frame's hold freed it, and where
 // it would have been freed without the frame (once nothing else held it).
 struct HeldInput {
   size_t freed = kNever;           // its free's event
