@@ -10,7 +10,7 @@
 #pragma once
 
 #include <sac/dispatch/internal/interceptor.h>
-#include <sac/dispatch/internal/placement.h>
+#include <sac/dispatch/internal/registry.h>
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>

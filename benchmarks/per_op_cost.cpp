@@ -15,7 +15,7 @@
 
 #include "benchmarks/null_kernel.h"
 
-#include <sac/checkpoint/internal/value_check.h>
+#include <sac/check/internal/checksum.h>
 
 #include <benchmark/benchmark.h>
 #include <torch/torch.h>

@@ -5,7 +5,7 @@
 //                            [&](const at::Tensor& x) { return mlp->forward(x); },
 //                            x);
 //
-// The front door: the checkpointing API, 35 names
+// The front door: the checkpointing API, 38 names
 // (python3 tools/public_names.py sac/sac.h; CI keeps it at 40 or fewer).
 // What it declares, by header:
 //   sac/checkpoint/checkpoint.h    sac::checkpoint and its options (options.h)
@@ -22,12 +22,12 @@
 //   sac/base/context.h             the contexts a context_fn returns
 //   sac/base/error.h               sac::CheckpointError
 //   sac/dispatch/mechanism.h       how sac sits below autograd (SAC_DISPATCH)
+//   sac/checkpoint/guards.h        thread-local overrides of the options:
+//                                  debug, early stop, the determinism check
 // The other doors, each included on its own:
 //   sac/policy/presets.h           ready-made policies (JAX's, torchtitan's, ...)
 //   sac/lab.h                      the policy lab: profiles, explanations,
 //                                  budgets, a training step's peak
-//   sac/checkpoint/guards.h        thread-local overrides of the options:
-//                                  debug, early stop, the determinism check
 //   sac/nn/...                     torch::nn models: checkpoint_wrapper.h,
 //                                  apply_activation_checkpointing.h,
 //                                  checkpoint_sequential.h, offload_wrapper.h
@@ -43,6 +43,7 @@
 #include <sac/cache/statistics.h>
 #include <sac/checkpoint/checkpoint.h>
 #include <sac/checkpoint/graph_exec_group.h>
+#include <sac/checkpoint/guards.h>
 #include <sac/checkpoint/options.h>
 #include <sac/checkpoint/region.h>
 #include <sac/checkpoint/scope.h>

@@ -3,7 +3,7 @@
 #include "support.h"
 
 #include <sac/cache/internal/op_cache.h>
-#include <sac/cache/internal/modes.h>
+#include <sac/cache/internal/selective_modes.h>
 
 namespace checkpoint_gradients_test {
 

@@ -5,7 +5,7 @@
 
 #include <sac/cache/internal/op_cache.h>
 #include <sac/dispatch/internal/interceptor.h>
-#include <sac/cache/internal/modes.h>
+#include <sac/cache/internal/selective_modes.h>
 
 #include <thread>
 

@@ -2,7 +2,7 @@
 // backward inside the function, early stop, and its errors.
 #include "support.h"
 
-#include <sac/checkpoint/internal/debug_log.h>
+#include <sac/check/internal/debug_log.h>
 #include <sac/checkpoint/internal/device_state.h>
 #include <sac/dispatch/internal/interceptor.h>
 

@@ -9,7 +9,7 @@
 // Under sac::checkpoint, the region guard (fallback key) and the nn wrappers.
 #include "tests/support.h"
 
-#include <sac/checkpoint/internal/value_check.h>
+#include <sac/check/internal/checksum.h>
 #include <sac/dispatch/internal/interceptor.h>
 #include <sac/nn/apply_activation_checkpointing.h>
 #include <sac/nn/checkpoint_wrapper.h>

@@ -7,7 +7,8 @@
 
 #include <sac/base/internal/saved_tensor_hooks.h>
 #include <sac/base/internal/version_watch.h>
-#include <sac/dispatch/internal/placement.h>
+#include <sac/dispatch/internal/registry.h>
+#include <sac/dispatch/internal/factory_ops.h>
 #include <sac/dispatch/mechanism.h>
 #include <sac/sac.h>
 

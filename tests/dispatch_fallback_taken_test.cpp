@@ -4,8 +4,8 @@
 #include "support.h"
 
 #include <sac/cache/internal/op_cache.h>
-#include <sac/dispatch/internal/placement.h>
-#include <sac/cache/internal/modes.h>
+#include <sac/dispatch/internal/registry.h>
+#include <sac/cache/internal/selective_modes.h>
 
 namespace dispatch_fallback_taken_test {
 

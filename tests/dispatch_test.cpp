@@ -5,7 +5,8 @@
 
 #include <sac/dispatch/internal/interceptor.h>
 #include <sac/policy/internal/op_names.h>
-#include <sac/dispatch/internal/placement.h>
+#include <sac/dispatch/internal/registry.h>
+#include <sac/dispatch/internal/factory_ops.h>
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
 

@@ -4,6 +4,7 @@
 #include "support.h"
 
 #include <sac/nn/apply_activation_checkpointing.h>
+#include <sac/nn/checkpoint_wrapper.h>
 #include <sac/nn/fit.h>
 
 namespace nn_fit_test {

@@ -7,8 +7,8 @@
 
 #include <sac/cache/internal/op_cache.h>
 #include <sac/nn/checkpoint_wrapper.h>
-#include <sac/policy/internal/tag_op.h>
-#include <sac/cache/internal/modes.h>
+#include <sac/policy/internal/tag.h>
+#include <sac/cache/internal/selective_modes.h>
 
 #include <functional>
 #include <memory>

@@ -8,8 +8,8 @@
 #include <sac/policy/internal/op_names.h>
 #include <sac/policy/internal/op_traits.h>
 #include <sac/policy/internal/answers.h>
-#include <sac/dispatch/internal/placement.h>
-#include <sac/cache/internal/modes.h>
+#include <sac/dispatch/internal/factory_ops.h>
+#include <sac/cache/internal/selective_modes.h>
 
 #include <torch/library.h>
 

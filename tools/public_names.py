@@ -13,7 +13,9 @@ With --max N it fails (exit 1) when the header brings in more than N names.
 --doors counts every door a user includes (DOORS below) and the Python
 package's `torch_sac.__all__`, each door by the names it adds to the front
 door, and fails when one is over its budget (docs/api.md says why each is
-what it is). CI runs --doors.
+what it is), or when a count written down differs from the one counted:
+docs/api.md's table of doors, sac/sac.h's "N names" and docs/install.md's
+"declares: N, from M headers". CI runs --doors.
 """
 import os
 import re
@@ -79,7 +81,6 @@ DOORS = [
     ("sac/sac.h", 40),
     ("sac/policy/presets.h", 12),
     ("sac/lab.h", 21),
-    ("sac/checkpoint/guards.h", 3),
     ("sac/nn/checkpoint_wrapper.h", 4),
     ("sac/nn/apply_activation_checkpointing.h", 4),
     ("sac/nn/checkpoint_sequential.h", 1),
@@ -124,13 +125,15 @@ def python_names():
 
 
 def doors():
-    front, _ = parse(DOORS[0][0])
+    front, front_headers = parse(DOORS[0][0])
     everything = set(front)
+    counted = {}
     over = []
     print(f"{'door':42} {'names':>5} {'budget':>6}")
     for header, budget in DOORS:
         names, _ = parse(header)
         own = names if header == DOORS[0][0] else names - front
+        counted[header] = len(own)
         everything |= names
         print(f"{header:42} {len(own):5} {budget:6}")
         if len(own) > budget:
@@ -145,7 +148,43 @@ def doors():
     for why in over:
         print(why + ": nest what users never name, or raise the budget in tools/public_names.py "
               "and say why in docs/api.md", file=sys.stderr)
-    sys.exit(1 if over else 0)
+    wrong = written_counts(counted, len(everything), len(py), len(front_headers) + 1)
+    for why in wrong:
+        print(why, file=sys.stderr)
+    sys.exit(1 if over or wrong else 0)
+
+
+def written_counts(counted, cpp_total, python_total, front_headers):
+    """Where a page or the front door writes a count down, and it differs
+    from the count: one line each."""
+    wrong = []
+    budgets = dict(DOORS)
+    table = open(os.path.join(ROOT, "docs", "api.md")).read()
+    rows = {m.group(1): (int(m.group(2)), int(m.group(3))) for m in re.finditer(
+        r"^\| `([^`]+)` \|.*\| (\d+) \| (\d+) \|$", table, re.M)}
+    expected = {h: (n, budgets[h]) for h, n in counted.items()}
+    expected["torch_sac.__all__"] = (python_total, PYTHON_BUDGET)
+    for door, numbers in expected.items():
+        if rows.get(door) != numbers:
+            wrong.append(f"docs/api.md: the row of `{door}` says {rows.get(door)}, "
+                         f"the count is {numbers} (names, budget)")
+    for door in rows.keys() - expected.keys():
+        wrong.append(f"docs/api.md: a row for `{door}`, which is not a door (DOORS)")
+    total = re.search(r"^\| all C\+\+ doors together \| \| (\d+) \| (\d+) \|$", table, re.M)
+    if total is None or (int(total.group(1)), int(total.group(2))) != (cpp_total, CPP_BUDGET):
+        wrong.append(f"docs/api.md: the C++ total row differs from {cpp_total} of {CPP_BUDGET}")
+    front = open(os.path.join(ROOT, "sac", "sac.h")).read()
+    said = re.search(r"the checkpointing API, (\d+) names", front)
+    if said is None or int(said.group(1)) != counted[DOORS[0][0]]:
+        wrong.append(f"sac/sac.h: says {said and said.group(1)} names, the count is "
+                     f"{counted[DOORS[0][0]]}")
+    install = open(os.path.join(ROOT, "docs", "install.md")).read()
+    said = re.search(r"declares: (\d+), from (\d+) headers", install)
+    if said is None or (int(said.group(1)), int(said.group(2))) != (counted[DOORS[0][0]],
+                                                                     front_headers):
+        wrong.append(f"docs/install.md: says {said and said.groups()} (names, headers), the "
+                     f"count is {(counted[DOORS[0][0]], front_headers)}")
+    return wrong
 
 
 def main():

@@ -1,4 +1,4 @@
-#include <sac/cache/internal/modes.h>
+#include <sac/cache/internal/selective_modes.h>
 
 #include <sac/base/internal/early_stop.h>
 #include <sac/base/internal/generators.h>
@@ -8,8 +8,8 @@
 #include <sac/dispatch/internal/boxed.h>
 #include <sac/policy/internal/op_traits.h>
 #include <sac/policy/internal/answers.h>
-#include <sac/policy/internal/tag_op.h>
-#include <sac/dispatch/internal/placement.h>
+#include <sac/policy/internal/tag.h>
+#include <sac/dispatch/internal/registry.h>
 
 #include <ATen/Context.h>
 #include <torch/csrc/autograd/graph_task.h>

@@ -5,7 +5,7 @@
 #include <sac/base/internal/storage_key.h>
 #include <sac/checkpoint/graph_exec_group.h>
 #include <sac/checkpoint/internal/profiler_scope.h>
-#include <sac/checkpoint/internal/read_watch.h>
+#include <sac/check/internal/read_watch.h>
 #include <sac/dispatch/internal/interceptor.h>
 
 #include <ATen/core/grad_mode.h>
@@ -104,6 +104,8 @@ int64_t current_graph_task() {
 
 }  // namespace
 
+// ---- The forward: saving and holding ----------------------------------------
+
 std::string CheckpointFrame::TensorMetadata::str() const {
   std::ostringstream out;
   out << "{shape: " << c10::IntArrayRef(sizes) << ", dtype: " << dtype << ", device: " << device
@@ -177,6 +179,8 @@ std::shared_ptr<Holder> CheckpointFrame::add_holder(const at::Tensor& packed) {
   return holder;
 }
 
+// ---- Backward: unpacking a saved tensor -------------------------------------
+
 at::Tensor CheckpointFrame::unpack(Holder& holder) {
   if (!config_.debug) {
     return unpack_unchecked(holder);
@@ -246,6 +250,8 @@ at::Tensor CheckpointFrame::unpack_unchecked(Holder& holder) {
   entry->second.unpacked = true;
   return holder.unpacked_more_than_once ? entry->second.value : std::move(entry->second.value);
 }
+
+// ---- The recomputation ------------------------------------------------------
 
 void CheckpointFrame::recompute(int64_t graph_task) {
   // Each recomputation is "sac::recompute" in the PyTorch profiler.
@@ -402,6 +408,8 @@ void CheckpointFrame::note_written_outside_tensors(bool forward_ended) {
     }
   }
 }
+
+// ---- The value check and errors ---------------------------------------------
 
 std::string CheckpointFrame::region_name() const {
   return config_.name.empty() ? "a region with no name (name it with CheckpointOptions::name)"

@@ -3,7 +3,7 @@
 #include <sac/base/internal/check.h>
 #include <sac/base/internal/saved_tensor_hooks.h>
 #include <sac/checkpoint/internal/frame.h>
-#include <sac/checkpoint/internal/in_place_reads.h>
+#include <sac/check/internal/in_place_reads.h>
 
 #include <ATen/core/grad_mode.h>
 #include <c10/util/irange.h>

@@ -4,7 +4,7 @@
 #include <sac/checkpoint/checkpoint.h>
 #include <sac/checkpoint/internal/forward_scope.h>
 #include <sac/checkpoint/internal/frame_setup.h>
-#include <sac/checkpoint/internal/read_watch.h>
+#include <sac/check/internal/read_watch.h>
 #include <sac/checkpoint/scope.h>
 #include <sac/dispatch/internal/interceptor.h>
 #include <sac/record/internal/recorder.h>

@@ -1,6 +1,6 @@
 // The ops per-op kernels miss: those behind LibTorch's torch:: factory
 // functions.
-#include <sac/dispatch/internal/placement.h>
+#include <sac/dispatch/internal/factory_ops.h>
 
 #include <string>
 #include <unordered_set>

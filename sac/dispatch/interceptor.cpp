@@ -2,7 +2,6 @@
 
 #include <sac/dispatch/internal/boxed.h>
 #include <sac/dispatch/internal/carried.h>
-#include <sac/dispatch/internal/placement.h>
 #include <sac/dispatch/internal/registry.h>
 
 #include <c10/core/impl/LocalDispatchKeySet.h>

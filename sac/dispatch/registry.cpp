@@ -3,7 +3,7 @@
 #include <sac/dispatch/internal/registry.h>
 
 #include <sac/dispatch/internal/interceptor.h>
-#include <sac/dispatch/internal/placement.h>
+#include <sac/dispatch/internal/factory_ops.h>
 #include <sac/dispatch/mechanism.h>
 
 #include <c10/util/Exception.h>

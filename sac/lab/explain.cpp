@@ -4,8 +4,8 @@
 #include <sac/cache/internal/op_cache.h>
 #include <sac/cache/selective_modes.h>
 #include <sac/policy/internal/answers.h>
-#include <sac/policy/internal/tag_op.h>
-#include <sac/cache/internal/modes.h>
+#include <sac/policy/internal/tag.h>
+#include <sac/cache/internal/selective_modes.h>
 
 #include <iomanip>
 #include <optional>

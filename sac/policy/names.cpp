@@ -1,5 +1,5 @@
 #include <sac/policy/names.h>
-#include <sac/policy/internal/tag_op.h>
+#include <sac/policy/internal/tag.h>
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>

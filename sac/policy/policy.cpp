@@ -4,8 +4,8 @@
 #include <sac/policy/internal/op_names.h>
 #include <sac/policy/internal/op_traits.h>
 #include <sac/policy/internal/answers.h>
-#include <sac/policy/internal/tag_op.h>
-#include <sac/dispatch/internal/placement.h>
+#include <sac/policy/internal/tag.h>
+#include <sac/dispatch/internal/registry.h>
 
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>

@@ -1,5 +1,5 @@
 #include <sac/policy/tag.h>
-#include <sac/policy/internal/tag_op.h>
+#include <sac/policy/internal/tag.h>
 
 #include <ATen/core/op_registration/op_registration.h>
 #include <c10/core/DispatchKeySet.h>

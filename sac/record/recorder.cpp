@@ -1,5 +1,6 @@
 #include <sac/record/internal/recorder.h>
 
+#include <sac/dispatch/internal/op_facts.h>
 #include <sac/base/internal/generators.h>
 #include <sac/dispatch/internal/boxed.h>
 #include <sac/policy/internal/op_traits.h>
@@ -14,53 +15,9 @@
 namespace sac::detail {
 namespace {
 
-// How ops whose schemas do not declare what they write write their
-// arguments: c10d's ops on a ProcessGroup (c10d::_allgather_base_ takes a
-// plain `Tensor output_tensor`) write their output arguments whole and
-// `tensors` in place (allreduce_, broadcast_; send only reads it); FSDP2's
-// fsdp::all_gather_copy_in copies this rank's shard into its
-// all_gather_output, whose other bytes only the all-gather that follows
-// writes: whole, as far as any reader can tell.
-enum class UndeclaredWrite { None, Whole, InPlace, NotThisOp };
+// ---- What an op reads and writes --------------------------------------------
 
-UndeclaredWrite undeclared_write(const c10::OperatorHandle& op, size_t index) {
-  const std::string& name = op.operator_name().name;
-  const std::string& argument = op.schema().arguments()[index].name();
-  if (name.rfind("c10d::", 0) == 0) {
-    if (argument.rfind("output", 0) == 0) {
-      return UndeclaredWrite::Whole;
-    }
-    return argument == "tensors" && name != "c10d::send" ? UndeclaredWrite::InPlace
-                                                         : UndeclaredWrite::None;
-  }
-  if (name == "fsdp::all_gather_copy_in") {
-    return argument == "all_gather_output" ? UndeclaredWrite::Whole : UndeclaredWrite::None;
-  }
-  return UndeclaredWrite::NotThisOp;
-}
-
-// Whether `op` reads what argument `index` holds. A view reads nothing
-// (until something reads the view); an out= argument is only written; an
-// in-place op reads its `self` unless it overwrites it whole.
-bool reads_argument(const c10::OperatorHandle& op, size_t index) {
-  const UndeclaredWrite undeclared = undeclared_write(op, index);
-  if (undeclared != UndeclaredWrite::NotThisOp) {
-    return undeclared != UndeclaredWrite::Whole;
-  }
-  const c10::Argument& argument = op.schema().arguments()[index];
-  const auto* alias = argument.alias_info();
-  if (alias == nullptr) {
-    return true;
-  }
-  return alias->isWrite() && !detail::overwrites_argument(op, index);
-}
-
-bool writes_argument_declared_or_not(const c10::OperatorHandle& op, size_t index,
-                                     c10::ArrayRef<c10::IValue> args) {
-  const UndeclaredWrite undeclared = undeclared_write(op, index);
-  return undeclared == UndeclaredWrite::NotThisOp ? detail::writes_argument(op, index, args)
-                                                  : undeclared != UndeclaredWrite::None;
-}
+// ---- What a region refuses --------------------------------------------------
 
 // Whether `op` runs as part of a compile trace rather than eagerly: a tracer's mode
 // is active (those of torch.compile instruction aside while they run their kernels,
@@ -116,6 +73,8 @@ void refuse_a_subclass(const at::Tensor& t) {
               "context_fn=sac.context_fn(policy)) (in C++, sac::checkpoint), which recomputes "
               "DTensor ops as they are.");
 }
+
+// ---- Storages ---------------------------------------------------------------
 
 bool holds_tensor(const c10::IValue& value) {
   if (value.isTensor()) {
@@ -183,6 +142,8 @@ Recorder::Recorder(Recording& recording, const detail::OpInterceptor* region_int
     : recording_(recording),
       region_interceptor_(region_interceptor),
       save_outside_(std::move(save_outside)) {}
+
+// ---- The recording: each op, before and after -------------------------------
 
 void Recorder::mark(const at::Tensor& t) {
   refuse_a_subclass(t);
@@ -315,6 +276,8 @@ Argument Recorder::record_argument(const c10::OperatorHandle& op, size_t index,
   return recorded;
 }
 
+// ---- Values: the tensors an op takes, and where they come from --------------
+
 ValueId Recorder::resolve(const at::Tensor& t) {
   const auto known = known_.find(t.unsafeGetTensorImpl());
   if (known != known_.end()) {
@@ -433,6 +396,8 @@ Recorder::StorageState* Recorder::storage_of(const at::Tensor& t) {
   const auto it = storages_.find(t.storage().unsafeGetStorageImpl());
   return it == storages_.end() ? nullptr : &it->second;
 }
+
+// ---- Outside storage: writes, snapshots and reads ---------------------------
 
 void Recorder::before_write(const at::Tensor& t, bool whole) {
   if (!t.has_storage()) {

@@ -5,10 +5,10 @@
 
 #include <sac/base/context.h>
 #include <sac/base/internal/saved_tensor_hooks.h>
-#include <sac/checkpoint/internal/debug_log.h>
+#include <sac/check/internal/debug_log.h>
 #include <sac/checkpoint/internal/frame.h>
 #include <sac/checkpoint/internal/frame_setup.h>
-#include <sac/checkpoint/internal/in_place_reads.h>
+#include <sac/check/internal/in_place_reads.h>
 #include <sac/checkpoint/internal/profiler_scope.h>
 #include <sac/dispatch/internal/interceptor.h>
 

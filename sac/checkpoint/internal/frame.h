@@ -16,10 +16,11 @@
 #include <sac/base/context.h>
 #include <sac/base/internal/region_events.h>
 #include <sac/base/internal/saved_tensor_hooks.h>
-#include <sac/checkpoint/internal/debug_log.h>
+#include <sac/check/internal/debug_log.h>
 #include <sac/checkpoint/internal/device_state.h>
 #include <sac/checkpoint/internal/recomputation.h>
-#include <sac/checkpoint/internal/value_check.h>
+#include <sac/check/internal/checksum.h>
+#include <sac/check/internal/op_origins.h>
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>

@@ -9,8 +9,8 @@
 #pragma once
 
 #include <sac/checkpoint/checkpoint.h>
-#include <sac/checkpoint/internal/outside_tensor_watch.h>
-#include <sac/checkpoint/internal/read_watch.h>
+#include <sac/check/internal/outside_tensor_watch.h>
+#include <sac/check/internal/read_watch.h>
 #include <sac/checkpoint/internal/recomputation.h>
 
 #include <torch/csrc/autograd/saved_variable.h>

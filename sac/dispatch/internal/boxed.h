@@ -34,19 +34,6 @@ inline const void* op_key(const c10::OperatorHandle& op) {
 std::vector<c10::OperatorHandle> registered_ops(
     c10::ArrayRef<std::pair<const char*, const char*>> names);
 
-// Whether `op`, called with `args`, writes its argument `index`: in-place
-// and out= arguments and others its schema marks written (Tensor(a!)), and
-// the running statistics of the legacy batch-norm ops (native_batch_norm,
-// cudnn_batch_norm, miopen_batch_norm), which write them in training
-// without saying so in their schema.
-bool writes_argument(const c10::OperatorHandle& op, size_t index, c10::ArrayRef<c10::IValue> args);
-
-// Whether `op` writes its argument `index` without reading what it held: an
-// out= argument, or the `self` of an in-place op whose result does not
-// depend on it (copy_, fill_, zero_, and the random fills: bernoulli_,
-// uniform_, normal_, ...).
-bool overwrites_argument(const c10::OperatorHandle& op, size_t index);
-
 // Whether `t` covers all of its storage, densely: writing all of `t` writes
 // every byte of the storage.
 bool spans_storage(const at::Tensor& t);

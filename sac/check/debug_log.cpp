@@ -1,6 +1,6 @@
-#include <sac/checkpoint/internal/debug_log.h>
+#include <sac/check/internal/debug_log.h>
 
-#include <sac/checkpoint/internal/callback_stack.h>
+#include <sac/check/internal/callback_stack.h>
 
 #include <ATen/record_function.h>
 #include <c10/util/Backtrace.h>

@@ -19,7 +19,7 @@
 #pragma once
 
 #include <sac/base/internal/version_watch.h>
-#include <sac/checkpoint/internal/value_check.h>
+#include <sac/check/internal/checksum.h>
 
 #include <c10/core/StorageImpl.h>
 #include <c10/util/intrusive_ptr.h>

@@ -1,4 +1,4 @@
-#include <sac/checkpoint/internal/read_watch.h>
+#include <sac/check/internal/read_watch.h>
 
 #include <atomic>
 #include <mutex>

@@ -23,7 +23,7 @@
 // install it.
 #pragma once
 
-#include <sac/checkpoint/internal/read_watch.h>
+#include <sac/check/internal/read_watch.h>
 #include <sac/dispatch/internal/interceptor.h>
 
 #include <torch/csrc/autograd/edge.h>

@@ -1,7 +1,7 @@
-#include <sac/checkpoint/internal/in_place_reads.h>
+#include <sac/check/internal/in_place_reads.h>
 
-#include <sac/checkpoint/internal/callback_stack.h>
-#include <sac/checkpoint/internal/recorded_op.h>
+#include <sac/check/internal/callback_stack.h>
+#include <sac/check/internal/recorded_op.h>
 
 #include <ATen/record_function.h>
 

@@ -1,6 +1,6 @@
-#include <sac/checkpoint/internal/recorded_op.h>
+#include <sac/check/internal/recorded_op.h>
 
-#include <sac/policy/internal/op_traits.h>
+#include <sac/dispatch/internal/op_facts.h>
 
 #include <memory>
 #include <mutex>
@@ -39,11 +39,10 @@ const RecordedOp* recorded_op(const at::RecordFunction& fn) {
       op->view = detail::is_view(*op->handle) || op->handle->operator_name().name == "aten::set_";
       op->uninitialized = detail::makes_uninitialized_memory(*op->handle);
       op->random = detail::is_random(*op->handle);
+      op->writes_argument = detail::declares_a_write(*op->handle);
       const auto& arguments = op->handle->schema().arguments();
       for (size_t i = 0; i < arguments.size(); ++i) {
         const c10::Argument& argument = arguments[i];
-        op->writes_argument = op->writes_argument || (argument.alias_info() != nullptr &&
-                                                      argument.alias_info()->isWrite());
         if (argument.name() == "running_mean" || argument.name() == "running_var") {
           op->state_arguments.push_back(i);
         }

@@ -1,5 +1,6 @@
-#include <sac/checkpoint/internal/outside_tensor_watch.h>
+#include <sac/check/internal/outside_tensor_watch.h>
 
+#include <sac/dispatch/internal/op_facts.h>
 #include <sac/base/internal/check.h>
 #include <sac/dispatch/internal/boxed.h>
 #include <sac/policy/internal/op_traits.h>
@@ -19,24 +20,12 @@ bool makes_new_tensors(const c10::OperatorHandle& op) {
   return true;
 }
 
-// Whether `op` is a view (its outputs alias its inputs and it writes
-// none): it reads no values, until something reads the view.
-bool is_pure_view(const c10::OperatorHandle& op) {
-  const auto& returns = op.schema().returns();
-  for (const auto& ret : returns) {
-    if (ret.alias_info() == nullptr || ret.alias_info()->isWrite()) {
-      return false;
-    }
-  }
-  return !returns.empty();
-}
-
 }  // namespace
 
 // Calls `f(index, tensor)` for each tensor that `op` reads in `args`.
 template <class F>
 void for_each_read(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args, F&& f) {
-  if (is_pure_view(op)) {
+  if (only_aliases(op)) {
     return;
   }
   for (size_t i = 0; i < args.size(); ++i) {
