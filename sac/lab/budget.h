@@ -15,7 +15,7 @@
 // Not checkpointing can be a choice too, per region (`unchecked_regions`):
 // the region keeps what autograd saves in it (RegionProfile::plain_bytes)
 // and recomputes nothing. Keeping every call keeps more than that (outputs
-// autograd never saves, 1.6 to 1.9 times as much on Hugging Face's models),
+// autograd never saves: 1.3 to 1.7 times as much on small Hugging Face models),
 // so without the choice a plan may keep a region's calls worth more bytes
 // than not checkpointing it, and still recompute; with it, the solver takes
 // the region unchecked instead, and the plan is never worse than not
@@ -62,8 +62,8 @@ class Budget {
   // that returns its outputs does).
   static Budget fraction(double fraction);
   // `fraction` in [0, 1] of the profiles' keepable bytes (what
-  // everything_saveable() keeps, 1.6 to 1.9 times the plain bytes on
-  // Hugging Face's models), for experiments on the calls alone.
+  // everything_saveable() keeps, 1.3 to 1.7 times the plain bytes on small
+  // Hugging Face models), for experiments on the calls alone.
   static Budget of_everything_saveable(double fraction);
 
   // The budget in bytes for regions that keep `plain` unchecked (-1: not
