@@ -355,3 +355,34 @@ def test_a_budgeted_policy_keeps_its_plan_exactly(architecture, fraction, counti
         _, kept_full = whole_model_step(model, batch, count=counting, **full)
         models.assert_identical(got, expected, f"{what} with a budgeted policy")
         assert kept - kept_full == plan.saved_bytes, (what, kept, kept_full, plan.saved_bytes)
+
+
+def test_fake_tensors_are_refused_not_measured():
+    """Under FakeTensorMode sac would see the fake mode's ops and no
+    allocation: every call that profiles or measures says so instead (a
+    profile recorded 548 calls against 75 real ones, without a word)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    block = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    x = torch.randn(4, 8, requires_grad=True)
+    calls = {
+        "sac.profile": lambda: sac.profile(lambda: block(x)),
+        "sac.explain": lambda: sac.explain(sac.nothing_saveable(), lambda: block(x)),
+        "sac.measure_peak": lambda: sac.measure_peak(lambda: block(x)),
+        "sac.measure_step_phases": lambda: sac.measure_step_phases(lambda: block(x)),
+        "sac.profile_layers": lambda: sac.profile_layers(block, lambda: block(x)),
+        "sac.fit": lambda: sac.fit(block, lambda: block(x).sum().backward(), peak=0.5),
+    }
+    for api, call in calls.items():
+        with FakeTensorMode(), pytest.raises(RuntimeError, match=f"{api}: a FakeTensorMode"):
+            call()
+    # Fake tensors made inside the region, the mode entered there.
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+
+    def fake_region():
+        with mode:
+            return block(mode.from_tensor(x))
+    with pytest.raises(RuntimeError, match="sac.profile: the region made fake tensors"):
+        sac.profile(fake_region)
+    # Real tensors are profiled as before.
+    assert sac.profile(lambda: block(x)).calls

@@ -397,6 +397,24 @@ def region(policy: Optional[PolicyLike] = None, *, preserve_rng_state: bool = Tr
                      determinism_check, name)
 
 
+def _refuse_fake_tensors(api: str, values: Any = None) -> None:
+    """An error where a FakeTensorMode is active, or `values` hold fake
+    tensors: sac profiles and measures by running, and on fake tensors the
+    ops it sees are the fake mode's and nothing is allocated, so a profile,
+    an explanation or a peak would be wrong without a word."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    active = any(isinstance(m, FakeTensorMode) for m in _get_current_dispatch_mode_stack())
+    made = any(isinstance(t, FakeTensor) for t in torch.utils._pytree.tree_leaves(values))
+    if active or made:
+        raise RuntimeError(
+            f"{api}: {'a FakeTensorMode is active' if active else 'the region made fake tensors'}. "
+            "sac profiles and measures by running the code: on fake tensors it sees the fake "
+            "mode's ops, and nothing is allocated, so the result would be wrong. Run it on real "
+            "tensors, outside the FakeTensorMode (a smaller batch or fewer layers, if the real "
+            "step does not fit).")
+
+
 def profile(region: Callable[[], Any], runs: int = 3, warmup: int = 0) -> RegionProfile:
     """What the op calls of `region` (a function of no arguments, run `runs`
     times as a plain forward) cost: a sac.RegionProfile, whose calls are the
@@ -407,8 +425,11 @@ def profile(region: Callable[[], Any], runs: int = 3, warmup: int = 0) -> Region
     model output) are `returned` and cost no bytes: the caller holds them.
     A region that returns None drops its graph as it returns, so what it
     keeps unchecked is not measured (`plain_bytes` is -1): return the output."""
+    _refuse_fake_tensors("sac.profile")
+
     def returning():
         out = region()
+        _refuse_fake_tensors("sac.profile", out)
         if out is None:
             return None
         return [t for t in torch.utils._pytree.tree_leaves(out)
@@ -433,6 +454,7 @@ def profile_layers(model: torch.nn.Module, forward: Callable[[], Any], runs: int
     forward goes on with what its first run returned. A name bound before
     (`from torch.utils.checkpoint import checkpoint`) is not seen: an error
     if no region was."""
+    _refuse_fake_tensors("sac.profile_layers")
     layers = [m for m in model.modules() if hasattr(m, "_gradient_checkpointing_func")]
     profiles = _profile_regions(layers, forward, runs, warmup, recompute=False)
     if not profiles:
@@ -498,7 +520,13 @@ def _profile_regions(layers: Sequence[torch.nn.Module], run: Callable[[], Any], 
 def explain(policy: PolicyLike, region: Callable[[], Any]) -> Explanation:
     """What `policy` does with `region` (a function of no arguments, run once
     under the policy's caching mode), call by call: a sac.Explanation."""
-    return _C.explain(as_policy(policy), region)
+    _refuse_fake_tensors("sac.explain")
+
+    def run() -> Any:
+        out = region()
+        _refuse_fake_tensors("sac.explain", out)
+        return out
+    return _C.explain(as_policy(policy), run)
 
 
 def measure_peak(fn: Callable[[], Any]) -> int:
@@ -508,8 +536,10 @@ def measure_peak(fn: Callable[[], Any]) -> int:
     allocator to install. Run it on one intra-op thread
     (torch.set_num_threads(1)) and with the garbage collector off; no
     profiler may run meanwhile."""
+    _refuse_fake_tensors("sac.measure_peak")
+
     def run() -> None:
-        fn()
+        _refuse_fake_tensors("sac.measure_peak", fn())
     return _C.measure_peak(run)
 
 
@@ -554,6 +584,7 @@ def measure_step_phases(step: Callable[[], Any], *, live: Optional[Callable[[], 
     every rank, naming the ranks that refused: ranks that planned apart would
     run different programs. For the same reason every rank takes the
     greatest plain peak any rank measured (none if a rank has none)."""
+    _refuse_fake_tensors("sac.measure_step_phases")
 
     def recorded(fn: Callable[[], Any]) -> Callable[[], None]:
         def run() -> None:

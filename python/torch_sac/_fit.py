@@ -49,7 +49,8 @@ def fit(model: torch.nn.Module, step: Callable[[], Any], peak: Union[float, int]
                          f"{peak}. Give bytes as an int.")
     if isinstance(peak, int) and peak <= 0:
         raise ValueError(f"sac.fit: a peak in bytes must be positive; got {peak}.")
-    from . import measure_step_phases, nothing_saveable, context_fn
+    from . import _refuse_fake_tensors, measure_step_phases, nothing_saveable, context_fn
+    _refuse_fake_tensors("sac.fit")
     start = time.perf_counter()
     regions = _Regions(model)
     state = _State(model)
