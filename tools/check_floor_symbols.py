@@ -25,10 +25,10 @@ def symbols(objects, *flags):
     found = set()
     for line in out.splitlines():
         parts = line.split()
-        if len(parts) >= 2 and parts[0].startswith("_ZN3sac") or (
-                len(parts) >= 2 and parts[0].startswith("_ZNK3sac")):
-            if "-u" in flags or parts[1] not in ("U", "w", "v"):
-                found.add(parts[0])
+        # A defined symbol's type is neither undefined (U) nor weak undefined.
+        if len(parts) >= 2 and parts[0].startswith(("_ZN3sac", "_ZNK3sac")) and (
+                "-u" in flags or parts[1] not in ("U", "w", "v")):
+            found.add(parts[0])
     return found
 
 
